@@ -1,0 +1,116 @@
+"""The ledger: what a decode step (and each layer) is expected to launch.
+
+Loaded from an expectations TOML file by `nsys_ledger.ledger.load_expectations`; every
+formula is already evaluated here, so the checks only compare numbers. Each item keeps
+`source`, the TOML key it came from (e.g. ``anchors.fused_add_rmsnorm``), so a finding can say
+which expectation line it is about.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Range:
+    """An inclusive expected range; `low` or `high` may be None (unbounded)."""
+
+    low: float | None
+    high: float | None
+
+    def contains(self, value: float) -> bool:
+        return (self.low is None or value >= self.low) and (self.high is None or value <= self.high)
+
+    def describe(self) -> str:
+        def fmt(x: float) -> str:
+            return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+        if self.low is not None and self.high is not None:
+            return fmt(self.low) if self.low == self.high else f"{fmt(self.low)}-{fmt(self.high)}"
+        if self.low is not None:
+            return f">= {fmt(self.low)}"
+        if self.high is not None:
+            return f"<= {fmt(self.high)}"
+        return "any"
+
+
+@dataclass(frozen=True)
+class OpDef:
+    """A canonical op: kernels whose demangled name matches any of `patterns`."""
+
+    name: str
+    patterns: tuple[str, ...]
+    group: str | None  # ledger group it belongs to (attention, indexer, moe, ...), if declared
+    source: str
+
+    @property
+    def regex(self) -> str:
+        """One regex matching any of the patterns (for polars `str.contains`)."""
+        return "|".join(f"(?:{p})" for p in self.patterns)
+
+
+@dataclass(frozen=True)
+class Anchor:
+    """A per-step count of one op, e.g. fused_add_rmsnorm = 2 * layers."""
+
+    op: str
+    formula: str  # as written in the file, for messages
+    expected: Range  # evaluated, tolerance applied
+    hint_low: str | None  # the seed's diagnosis when the count is too low
+    hint_high: str | None  # ... and when it is too high
+    source: str
+
+
+@dataclass(frozen=True)
+class StepRule:
+    """How decode steps are found and which ones are excluded."""
+
+    method: str  # "auto", "nvtx", "graph" or "marker"
+    nvtx_regex: str | None  # a range whose name matches is one step (method nvtx)
+    marker_regex: str | None  # a kernel that ends each step (e.g. the sampling kernel)
+    exclude_nvtx_regex: str | None  # steps inside a range matching this are not decode
+    exclude_ops: tuple[str, ...]  # a step containing any kernel of these ops is not decode
+    source: str = "steps"
+
+
+@dataclass(frozen=True)
+class H2DRule:
+    per_step: Range  # expected count of host-to-device copies per step
+    max_bytes: int | None  # a single copy larger than this is a finding
+    pageable_allowed: bool
+    source: str = "h2d"
+
+
+@dataclass(frozen=True)
+class LayerClass:
+    """A class of layers (dense, moe, full indexer) and the groups it launches."""
+
+    name: str
+    layers: tuple[int, ...]
+    groups: dict[str, Range]  # ledger group -> launches per layer of this class
+    source: str
+
+
+@dataclass(frozen=True)
+class Expectations:
+    path: str
+    name: str
+    description: str
+    params: dict[str, float]  # every parameter, evaluated
+    ops: dict[str, OpDef]  # declaration order = match priority (first match wins)
+    anchors: tuple[Anchor, ...]
+    total: Range  # kernels per step
+    total_hint_low: str | None
+    total_hint_high: str | None
+    steps: StepRule
+    gap_threshold_ns: int
+    h2d: H2DRule
+    graph_launches_per_step: Range | None  # None: not checked (eager deployments)
+    batch: int | None
+    layer_regex: str | None  # NVTX text -> layer index (one group)
+    layer_classes: tuple[LayerClass, ...] = ()
+    layer_opening_op: str | None = None  # the op that starts every layer (layer inference)
+
+    def op_regexes(self) -> list[tuple[str, re.Pattern[str]]]:
+        return [(name, re.compile(op.regex)) for name, op in self.ops.items()]
