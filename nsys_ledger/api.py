@@ -1,0 +1,179 @@
+"""`check(path, expectations) -> Result`: the whole pipeline, callable from Python.
+
+trace file -> Trace -> activities with launch calls and ops -> steps -> per-step figures ->
+findings. The CLI only parses arguments, calls this and renders the Result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import polars as pl
+
+from nsys_ledger.attribution.activities import gpu_activities, with_launch_calls
+from nsys_ledger.attribution.ops import with_ops
+from nsys_ledger.attribution.steps import Steps, find_steps
+from nsys_ledger.checks.ledger import CheckOutcome, Finding, check_ledger
+from nsys_ledger.checks.stats import op_counts, step_gaps, step_table
+from nsys_ledger.ledger import Expectations, load_expectations
+from nsys_ledger.trace import Trace, load_trace
+
+DEFAULT_GAP_THRESHOLD_NS = 2000
+
+GRAPH_LEVEL_NOTICE = (
+    "{replays} CUDA graph replays were traced at graph level (--cuda-graph-trace=graph, nsys's "
+    "default): their kernels are not in the kernel table, so kernels inside graphs cannot be "
+    "counted. Re-capture with `nsys profile --cuda-graph-trace=node` for per-kernel ledgers."
+)
+
+
+@dataclass(frozen=True)
+class Totals:
+    kernels: int
+    kernels_by_device: dict[int, int]
+    h2d_copies: int
+    h2d_pageable: int
+    nvtx_ranges: int
+    api_launches: int  # kernel + graph launch calls
+    graph_replays: int  # GRAPH_TRACE rows (graph-level capture) or cudaGraphLaunch calls with node rows
+
+
+@dataclass(frozen=True)
+class Result:
+    trace: Trace
+    expectations: Expectations | None
+    totals: Totals
+    steps: Steps
+    step_table: pl.DataFrame  # one row per decode step (see checks.stats.step_table)
+    op_table: pl.DataFrame  # kernels per step and op, wide
+    gaps: pl.DataFrame
+    gap_threshold_ns: int
+    outcomes: tuple[CheckOutcome, ...]
+    notices: tuple[str, ...] = field(default=())
+
+    @property
+    def findings(self) -> list[Finding]:
+        return [f for outcome in self.outcomes for f in outcome.findings]
+
+    @property
+    def verdict(self) -> str:
+        """"pass", "fail", or "summary" when no expectations were given."""
+        if self.expectations is None:
+            return "summary"
+        return "fail" if self.findings else "pass"
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.verdict == "fail" else 0
+
+
+def check(
+    trace: str | Path | Trace,
+    expectations: str | Path | Expectations | None = None,
+    *,
+    step_nvtx: str | None = None,
+    step_method: str | None = None,
+    gap_us: float | None = None,
+) -> Result:
+    """Load the trace (and expectations), find decode steps, count, and compare."""
+    trace = trace if isinstance(trace, Trace) else load_trace(trace)
+    if expectations is not None and not isinstance(expectations, Expectations):
+        expectations = load_expectations(expectations)
+    threshold_ns = _gap_threshold_ns(expectations, gap_us)
+
+    activities = with_ops(with_launch_calls(gpu_activities(trace), trace.api_calls), expectations)
+    steps = find_steps(
+        activities,
+        trace.api_calls,
+        trace.nvtx,
+        expectations.steps if expectations else None,
+        step_nvtx=step_nvtx,
+        method=step_method,
+    )
+    gaps = step_gaps(steps, threshold_ns)
+    table = step_table(steps, gaps)
+    ops = op_counts(steps, list(expectations.ops) if expectations else [])
+    totals = trace_totals(trace)
+
+    notices: list[str] = list(trace.meta.warnings)
+    outcomes: list[CheckOutcome] = []
+    graph_level = _graph_level_replays(trace)
+    if graph_level:
+        notices.append(GRAPH_LEVEL_NOTICE.format(replays=trace.graph_replays.height))
+    if expectations is not None:
+        outcomes = _ledger_outcomes(expectations, table, ops, gaps, steps, threshold_ns, graph_level, totals)
+    return Result(
+        trace=trace, expectations=expectations, totals=totals, steps=steps, step_table=table, op_table=ops,
+        gaps=gaps, gap_threshold_ns=threshold_ns, outcomes=tuple(outcomes), notices=tuple(notices),
+    )
+
+
+def _gap_threshold_ns(expectations: Expectations | None, gap_us: float | None) -> int:
+    if gap_us is not None:
+        return int(round(gap_us * 1000))
+    if expectations is not None:
+        return expectations.gap_threshold_ns
+    return DEFAULT_GAP_THRESHOLD_NS
+
+
+def _ledger_outcomes(
+    expectations: Expectations,
+    table: pl.DataFrame,
+    ops: pl.DataFrame,
+    gaps: pl.DataFrame,
+    steps: Steps,
+    threshold_ns: int,
+    graph_level: bool,
+    totals: Totals,
+) -> list[CheckOutcome]:
+    if graph_level:
+        message = GRAPH_LEVEL_NOTICE.format(replays=totals.graph_replays)
+        finding = Finding(
+            check="capture", subject="cuda_graph_trace", source="steps", message=message, steps="all",
+            failing_steps=table.height, observed="graph-level capture", expected="--cuda-graph-trace=node",
+        )
+        return [CheckOutcome("capture mode allows per-kernel counts", "steps", "node-level graph trace",
+                             "graph-level", (finding,))]
+    if table.height == 0:
+        finding = Finding(
+            check="steps", subject="steps", source="steps", steps="none", failing_steps=0,
+            message=f"no decode step found ({steps.detail}); {steps.excluded.height} windows excluded",
+            observed="0 decode steps", expected=">= 1 decode step",
+            hint="give the step NVTX range with --step-nvtx, or check [steps] marker in the expectations",
+        )
+        return [CheckOutcome("decode steps found", "steps", ">= 1", "0", (finding,))]
+    return check_ledger(expectations, table, ops, gaps, step_method=steps.method, gap_threshold_ns=threshold_ns)
+
+
+def _graph_level_replays(trace: Trace) -> bool:
+    """Graph replays whose kernels are not in the trace (--cuda-graph-trace=graph).
+
+    nsys records the graph mode option even when the program launched no graph, so the
+    option alone says nothing: there must be replays (GRAPH_TRACE rows), or graph launch
+    calls in a capture made at graph level.
+    """
+    if trace.graph_replays.height:
+        return True
+    launches = trace.api_calls.filter(pl.col("kind") == "graph_launch").height
+    return trace.meta.cuda_graph_trace == "graph" and launches > 0
+
+
+def trace_totals(trace: Trace) -> Totals:
+    kernels_by_device = dict(
+        trace.kernels.group_by("device").agg(pl.len()).sort("device").iter_rows()
+    )
+    h2d = trace.memcpys.filter(pl.col("copy_kind") == "HtoD")
+    launches = trace.api_calls.filter(pl.col("kind").is_in(["kernel_launch", "graph_launch"]))
+    graph_replays = trace.graph_replays.height or trace.kernels.filter(
+        pl.col("graph_node_id").is_not_null()
+    ).select(pl.struct("pid", "correlation").n_unique()).item()
+    return Totals(
+        kernels=trace.kernels.height,
+        kernels_by_device={int(k): int(v) for k, v in kernels_by_device.items()},
+        h2d_copies=h2d.height,
+        h2d_pageable=h2d.filter(pl.col("src_kind") == "Pageable").height,
+        nvtx_ranges=trace.nvtx.height,
+        api_launches=launches.height,
+        graph_replays=int(graph_replays),
+    )

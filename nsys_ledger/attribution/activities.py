@@ -1,0 +1,74 @@
+"""GPU activities (kernels, copies, memsets) joined to the host call that launched them.
+
+Everything downstream (steps, gaps, H2D) looks at one frame: each GPU activity with its
+launching API call's host start time and thread. The join is nsys's own:
+`activity.correlationId = call.correlationId` within the same process.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from nsys_ledger.trace.model import Trace
+
+ACTIVITY_COLUMNS = [
+    "activity",  # "kernel", "memcpy" or "memset"
+    "start",
+    "end",
+    "device",
+    "stream",
+    "pid",
+    "correlation",
+    "name",
+    "graph_node_id",
+    "bytes",
+    "copy_kind",
+    "src_kind",
+]
+
+
+def gpu_activities(trace: Trace) -> pl.DataFrame:
+    """All GPU activities in one frame, sorted by start, with `row` as a stable id."""
+    kernels = trace.kernels.select(
+        pl.lit("kernel").alias("activity"),
+        "start", "end", "device", "stream", "pid", "correlation", "name", "graph_node_id",
+        pl.lit(None, pl.Int64).alias("bytes"),
+        pl.lit(None, pl.Utf8).alias("copy_kind"),
+        pl.lit(None, pl.Utf8).alias("src_kind"),
+    )
+    memcpys = trace.memcpys.select(
+        pl.lit("memcpy").alias("activity"),
+        "start", "end", "device", "stream", "pid", "correlation",
+        pl.concat_str(pl.lit("memcpy "), pl.col("copy_kind")).alias("name"),
+        "graph_node_id", "bytes", "copy_kind", "src_kind",
+    )
+    memsets = trace.memsets.select(
+        pl.lit("memset").alias("activity"),
+        "start", "end", "device", "stream", "pid", "correlation",
+        pl.lit("memset").alias("name"),
+        "graph_node_id", "bytes",
+        pl.lit(None, pl.Utf8).alias("copy_kind"),
+        pl.lit(None, pl.Utf8).alias("src_kind"),
+    )
+    return pl.concat([kernels, memcpys, memsets], how="vertical").sort("start").with_row_index("row")
+
+
+def with_launch_calls(activities: pl.DataFrame, api_calls: pl.DataFrame) -> pl.DataFrame:
+    """Add the launching call's `api_start`, `api_end`, `api_tid`, `api_kind` (null if none).
+
+    One graph launch fans out to every node of the replay; the join keeps that (many
+    activities, one call). Correlation ids are unique per process for launch-like calls.
+    """
+    calls = (
+        api_calls.filter(pl.col("correlation").is_not_null())
+        .select(
+            "pid",
+            "correlation",
+            pl.col("start").alias("api_start"),
+            pl.col("end").alias("api_end"),
+            pl.col("global_tid").alias("api_tid"),
+            pl.col("kind").alias("api_kind"),
+        )
+        .unique(subset=["pid", "correlation"], keep="first")
+    )
+    return activities.join(calls, on=["pid", "correlation"], how="left")

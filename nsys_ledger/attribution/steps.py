@@ -1,0 +1,327 @@
+"""Decode steps: cut the host timeline into windows and give every GPU activity its step.
+
+Three ways to find steps, tried in this order by `method="auto"`:
+
+* ``nvtx``: a push/pop or start/end range whose name matches a regex is one step; a GPU
+  activity belongs to it when its launching call lies inside the range on the same thread
+  (nsys's projection rule).
+* ``graph``: real SGLang decode has no per-step NVTX; a decode step is a replay of the
+  decode CUDA graph (`cudaGraphLaunch`) plus the eager work around it, above all the
+  sampling kernel that runs outside the graph. When the expectations name that step-ending
+  marker kernel, the host timeline is cut right after each marker launch, so the H2D copies
+  issued before a launch and the sampling after it land in the same step and a step split
+  into two graph replays stays one step. Without a marker, each graph launch opens a step.
+  Windows without a graph launch are eager work (prefill, warm-up) and are excluded.
+* ``marker``: for eager traces, every launch of the marker kernel ends a step.
+
+Windows are intervals of host time per key (the process for cut-based methods, the thread for
+NVTX ranges); activities are placed by a sorted as-of join on the launching call's start,
+never by an interval cross join.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import polars as pl
+
+from nsys_ledger.ledger.model import StepRule
+
+NO_TIME_BEFORE = -(2**62)
+NO_TIME_AFTER = 2**62
+
+WINDOW_SCHEMA = {
+    "key": pl.Int64,  # pid (cut-based methods) or global_tid (nvtx)
+    "pid": pl.Int64,
+    "window": pl.Int64,
+    "host_start": pl.Int64,  # inclusive
+    "host_end": pl.Int64,  # inclusive
+    "label": pl.Utf8,  # the NVTX range name for nvtx windows
+    "complete": pl.Boolean,  # False for the trailing window after the last marker
+}
+
+
+@dataclass(frozen=True)
+class Steps:
+    method: str  # "nvtx", "graph", "marker" or "none"
+    detail: str  # one sentence on how steps were found, for the report
+    windows: pl.DataFrame  # one row per window: WINDOW_SCHEMA + decode, reason, rank, step
+    activities: pl.DataFrame  # the input activities + window key columns + step, rank
+    api_calls: pl.DataFrame  # api calls + step, rank (for submissions and graph launches)
+
+    @property
+    def decode(self) -> pl.DataFrame:
+        return self.windows.filter(pl.col("decode"))
+
+    @property
+    def excluded(self) -> pl.DataFrame:
+        return self.windows.filter(~pl.col("decode"))
+
+
+def find_steps(
+    activities: pl.DataFrame,
+    api_calls: pl.DataFrame,
+    nvtx: pl.DataFrame,
+    rule: StepRule | None,
+    *,
+    step_nvtx: str | None = None,
+    method: str | None = None,
+) -> Steps:
+    """Choose the step method, build its windows, place activities and calls in them."""
+    nvtx_regex = step_nvtx or (rule.nvtx_regex if rule else None)
+    marker_regex = rule.marker_regex if rule else None
+    chosen = method or (rule.method if rule else "auto")
+    if chosen == "auto":
+        chosen = _auto_method(activities, api_calls, nvtx, nvtx_regex, marker_regex)
+
+    if chosen == "nvtx":
+        if not nvtx_regex:
+            raise ValueError("step method nvtx needs a range regex (--step-nvtx or [steps] nvtx)")
+        windows = _nvtx_windows(nvtx, nvtx_regex)
+        detail = f"NVTX ranges matching /{nvtx_regex}/ ({windows.height} ranges)"
+        by_thread = True
+    elif chosen == "graph":
+        marker_calls = _marker_calls(activities, marker_regex)
+        if marker_calls.height:
+            windows = _windows_from_cuts(marker_calls, left_closed=False)
+            detail = (
+                "CUDA graph launches; each step ends with the launch of the marker kernel "
+                f"/{marker_regex}/ that runs after the replay"
+            )
+        else:
+            launches = api_calls.filter(pl.col("kind") == "graph_launch").select("pid", pl.col("start").alias("t"))
+            windows = _windows_from_cuts(launches, left_closed=True)
+            detail = "CUDA graph launches; each cudaGraphLaunch opens a step (no marker kernel found)"
+        by_thread = False
+    elif chosen == "marker":
+        if not marker_regex:
+            raise ValueError("step method marker needs a marker kernel regex ([steps] marker)")
+        windows = _windows_from_cuts(_marker_calls(activities, marker_regex), left_closed=False)
+        detail = f"marker kernel /{marker_regex}/ ends each step"
+        by_thread = False
+    elif chosen == "none":
+        windows = pl.DataFrame(schema=WINDOW_SCHEMA)
+        detail = "no steps found: no step NVTX range, no CUDA graph launch, no marker kernel"
+        by_thread = False
+    else:
+        raise ValueError(f"unknown step method {chosen!r}")
+
+    placed = _place(activities, windows, time_col="api_start", key_col="api_tid" if by_thread else "pid")
+    placed_calls = _place(
+        api_calls.rename({"start": "api_start", "global_tid": "api_tid"}),
+        windows,
+        time_col="api_start",
+        key_col="api_tid" if by_thread else "pid",
+    ).rename({"api_start": "start", "api_tid": "global_tid"})
+    judged = _judge_windows(windows, placed, placed_calls, nvtx, rule, chosen, by_thread)
+    numbered = _number_decode_steps(judged)
+    step_of_window = numbered.select("key", "window", "step", "rank", "decode")
+    return Steps(
+        method=chosen,
+        detail=detail,
+        windows=numbered,
+        activities=placed.join(step_of_window, on=["key", "window"], how="left"),
+        api_calls=placed_calls.join(step_of_window, on=["key", "window"], how="left"),
+    )
+
+
+def _auto_method(
+    activities: pl.DataFrame,
+    api_calls: pl.DataFrame,
+    nvtx: pl.DataFrame,
+    nvtx_regex: str | None,
+    marker_regex: str | None,
+) -> str:
+    if nvtx_regex and nvtx.filter(pl.col("name").str.contains(nvtx_regex)).height:
+        return "nvtx"
+    if api_calls.filter(pl.col("kind") == "graph_launch").height:
+        return "graph"
+    if marker_regex and _marker_calls(activities, marker_regex).height:
+        return "marker"
+    return "none"
+
+
+def _marker_calls(activities: pl.DataFrame, marker_regex: str | None) -> pl.DataFrame:
+    """Host start of each marker kernel's launching call: `pid, t`."""
+    if not marker_regex:
+        return pl.DataFrame(schema={"pid": pl.Int64, "t": pl.Int64})
+    re.compile(marker_regex)
+    return (
+        activities.filter(
+            (pl.col("activity") == "kernel")
+            & pl.col("api_start").is_not_null()
+            & pl.col("name").str.contains(marker_regex)
+        )
+        .select("pid", pl.col("api_start").alias("t"))
+        .unique()
+        .sort("pid", "t")
+    )
+
+
+def _windows_from_cuts(cuts: pl.DataFrame, *, left_closed: bool) -> pl.DataFrame:
+    """Per process, the intervals between consecutive cut times.
+
+    left_closed=False (marker cuts): windows (c[k-1], c[k]], the marker launch closes its step,
+    plus a trailing incomplete window after the last marker.
+    left_closed=True (graph launch cuts): windows [c[k], c[k+1]), plus a leading window
+    before the first launch.
+    """
+    if cuts.height == 0:
+        return pl.DataFrame(schema=WINDOW_SCHEMA)
+    cuts = cuts.unique().sort("pid", "t")
+    previous = pl.col("t").shift(1).over("pid")
+    if left_closed:
+        # [c[k], c[k+1] - 1] for every cut, and the leading window before the first one.
+        following = pl.col("t").shift(-1).over("pid")
+        inner = cuts.select("pid", pl.col("t").alias("host_start"), (following - 1).fill_null(NO_TIME_AFTER).alias("host_end"))
+        edge = cuts.group_by("pid").agg(pl.lit(NO_TIME_BEFORE).alias("host_start"), (pl.col("t").min() - 1).alias("host_end"))
+    else:
+        # [c[k-1] + 1, c[k]] for every cut, and the trailing window after the last one.
+        inner = cuts.select("pid", (previous + 1).fill_null(NO_TIME_BEFORE).alias("host_start"), pl.col("t").alias("host_end"))
+        edge = cuts.group_by("pid").agg((pl.col("t").max() + 1).alias("host_start"), pl.lit(NO_TIME_AFTER).alias("host_end"))
+    windows = (
+        pl.concat([inner, edge.select(inner.columns)], how="vertical")
+        .with_columns(pl.col("host_start").cast(pl.Int64), pl.col("host_end").cast(pl.Int64))
+        .sort("pid", "host_start")
+        .with_columns(
+            pl.col("pid").alias("key"),
+            pl.int_range(pl.len()).over("pid").cast(pl.Int64).alias("window"),
+            pl.lit(None, pl.Utf8).alias("label"),
+        )
+    )
+    last_window = pl.col("window") == pl.col("window").max().over("pid")
+    complete = pl.lit(True) if left_closed else ~last_window
+    return windows.with_columns(complete.alias("complete")).select(list(WINDOW_SCHEMA))
+
+
+def _nvtx_windows(nvtx: pl.DataFrame, regex: str) -> pl.DataFrame:
+    """Each matching range on its own thread is a window (ranges still open are incomplete)."""
+    matching = nvtx.filter(
+        pl.col("name").str.contains(regex)
+        & (pl.col("end_global_tid").is_null() | (pl.col("end_global_tid") == pl.col("global_tid")))
+    ).sort("global_tid", "start")
+    return matching.select(
+        pl.col("global_tid").alias("key"),
+        "pid",
+        pl.int_range(pl.len()).over("global_tid").cast(pl.Int64).alias("window"),
+        pl.col("start").alias("host_start"),
+        pl.col("end").fill_null(NO_TIME_AFTER).alias("host_end"),
+        pl.col("name").alias("label"),
+        pl.col("end").is_not_null().alias("complete"),
+    )
+
+
+def _place(frame: pl.DataFrame, windows: pl.DataFrame, *, time_col: str, key_col: str) -> pl.DataFrame:
+    """Add `key, window`: the window whose [host_start, host_end] holds `time_col` (else null)."""
+    original_columns = frame.columns
+    with_key = frame.with_columns(pl.col(key_col).alias("key"), pl.int_range(pl.len()).alias("_order"))
+    if windows.height == 0:
+        return with_key.with_columns(pl.lit(None, pl.Int64).alias("window")).select(
+            *original_columns, "key", "window"
+        )
+    timed = with_key.filter(pl.col(time_col).is_not_null()).sort("key", time_col)
+    lookup = windows.select("key", "window", "host_start", "host_end").sort("key", "host_start")
+    matched = timed.join_asof(
+        lookup,
+        left_on=time_col,
+        right_on="host_start",
+        by="key",
+        strategy="backward",
+        check_sortedness=False,
+    ).with_columns(
+        pl.when(pl.col(time_col) <= pl.col("host_end")).then(pl.col("window")).otherwise(None).alias("window")
+    )
+    untimed = with_key.filter(pl.col(time_col).is_null()).with_columns(pl.lit(None, pl.Int64).alias("window"))
+    return (
+        pl.concat([matched.select(untimed.columns), untimed], how="vertical")
+        .sort("_order")
+        .select(*original_columns, "key", "window")
+    )
+
+
+def _judge_windows(
+    windows: pl.DataFrame,
+    activities: pl.DataFrame,
+    api_calls: pl.DataFrame,
+    nvtx: pl.DataFrame,
+    rule: StepRule | None,
+    method: str,
+    by_thread: bool,
+) -> pl.DataFrame:
+    """Decide for each window whether it is a decode step, and if not, why.
+
+    Windows that hold no GPU activity are dropped (they are idle host time, not steps).
+    """
+    activity_counts = activities.filter(pl.col("window").is_not_null()).group_by("key", "window").agg(
+        pl.len().alias("activities")
+    )
+    graph_launches = (
+        api_calls.filter(pl.col("window").is_not_null() & (pl.col("kind") == "graph_launch"))
+        .group_by("key", "window")
+        .agg(pl.len().alias("graph_launches"))
+    )
+    excluded_ops = rule.exclude_ops if rule else ()
+    op_hits = (
+        activities.filter(pl.col("window").is_not_null() & pl.col("op").is_in(list(excluded_ops)))
+        .group_by("key", "window")
+        .agg(pl.col("op").first().alias("excluded_op"))
+        if excluded_ops and "op" in activities.columns
+        else pl.DataFrame(schema={"key": pl.Int64, "window": pl.Int64, "excluded_op": pl.Utf8})
+    )
+    nvtx_hits = _windows_with_excluded_nvtx(windows, nvtx, rule, by_thread)
+
+    judged = (
+        windows.join(activity_counts, on=["key", "window"], how="inner")
+        .join(graph_launches, on=["key", "window"], how="left")
+        .join(op_hits, on=["key", "window"], how="left")
+        .join(nvtx_hits, on=["key", "window"], how="left")
+        .with_columns(pl.col("graph_launches").fill_null(0))
+    )
+    reason = (
+        pl.when(~pl.col("complete"))
+        .then(pl.lit("incomplete: the capture ended inside this step"))
+        .when(pl.lit(method == "graph") & (pl.col("graph_launches") == 0))
+        .then(pl.lit("eager work without a graph launch (prefill, warm-up or capture)"))
+        .when(pl.col("excluded_op").is_not_null())
+        .then(pl.concat_str(pl.lit("contains "), pl.col("excluded_op"), pl.lit(" (not a decode step)")))
+        .when(pl.col("excluded_nvtx").is_not_null())
+        .then(pl.concat_str(pl.lit("inside NVTX range '"), pl.col("excluded_nvtx"), pl.lit("' (not decode)")))
+        .otherwise(None)
+    )
+    return judged.with_columns(reason.alias("reason")).with_columns(pl.col("reason").is_null().alias("decode"))
+
+
+def _windows_with_excluded_nvtx(
+    windows: pl.DataFrame, nvtx: pl.DataFrame, rule: StepRule | None, by_thread: bool
+) -> pl.DataFrame:
+    """Windows that are, or that contain the start of, an NVTX range matching the exclude rule."""
+    empty = pl.DataFrame(schema={"key": pl.Int64, "window": pl.Int64, "excluded_nvtx": pl.Utf8})
+    if not rule or not rule.exclude_nvtx_regex or windows.height == 0:
+        return empty
+    pattern = rule.exclude_nvtx_regex
+    if by_thread:
+        return windows.filter(pl.col("label").str.contains(pattern)).select(
+            "key", "window", pl.col("label").alias("excluded_nvtx")
+        )
+    excluded_ranges = nvtx.filter(pl.col("name").str.contains(pattern)).select(
+        pl.col("pid").alias("key"), pl.col("start").alias("api_start"), pl.col("name").alias("excluded_nvtx")
+    )
+    if excluded_ranges.height == 0:
+        return empty
+    placed = _place(excluded_ranges, windows, time_col="api_start", key_col="key")
+    return (
+        placed.filter(pl.col("window").is_not_null())
+        .group_by("key", "window")
+        .agg(pl.col("excluded_nvtx").first())
+    )
+
+
+def _number_decode_steps(windows: pl.DataFrame) -> pl.DataFrame:
+    """`rank`: index of the process in pid order; `step`: decode index within its rank."""
+    ranks = windows.select(pl.col("pid").unique().sort()).with_row_index("rank").with_columns(
+        pl.col("rank").cast(pl.Int64)
+    )
+    ordered = windows.join(ranks, on="pid", how="left").sort("rank", "host_start")
+    step = pl.when(pl.col("decode")).then(pl.col("decode").cast(pl.Int64).cum_sum().over("rank") - 1)
+    return ordered.with_columns(step.otherwise(None).alias("step"))

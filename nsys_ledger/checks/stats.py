@@ -1,0 +1,103 @@
+"""Per-step figures, computed for all steps at once: counts, copies, submissions, gaps.
+
+Input is the `Steps` of attribution (activities and API calls carrying `rank, step`); output
+are plain frames keyed by `(rank, step)` that the ledger checks and the reports read.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from nsys_ledger.attribution.steps import Steps
+
+SUBMISSION_KINDS = ["kernel_launch", "graph_launch", "memcpy", "memset"]
+STEP_KEY = ["rank", "step"]
+
+
+def _decode_activities(steps: Steps) -> pl.DataFrame:
+    return steps.activities.filter(pl.col("decode").fill_null(False))
+
+
+def step_table(steps: Steps, gaps: pl.DataFrame) -> pl.DataFrame:
+    """One row per decode step: where it ran and what it submitted and executed."""
+    activities = _decode_activities(steps)
+    windows = steps.decode.select(*STEP_KEY, "pid", "host_start", "host_end", "label")
+    gpu = activities.group_by(STEP_KEY).agg(
+        pl.col("device").mode().first().alias("device"),
+        pl.col("start").min().alias("gpu_start"),
+        pl.col("end").max().alias("gpu_end"),
+        (pl.col("activity") == "kernel").sum().cast(pl.Int64).alias("kernels"),
+        pl.col("end").filter(pl.col("activity") == "kernel").sub(
+            pl.col("start").filter(pl.col("activity") == "kernel")
+        ).sum().cast(pl.Int64).alias("kernel_ns"),
+        _is_h2d().sum().cast(pl.Int64).alias("h2d"),
+        (_is_h2d() & (pl.col("src_kind") == "Pageable")).sum().cast(pl.Int64).alias("h2d_pageable"),
+        pl.col("bytes").filter(_is_h2d()).sum().cast(pl.Int64).alias("h2d_bytes"),
+        pl.col("bytes").filter(_is_h2d()).max().cast(pl.Int64).alias("h2d_max_bytes"),
+    )
+    calls = (
+        steps.api_calls.filter(pl.col("decode").fill_null(False))
+        .group_by(STEP_KEY)
+        .agg(
+            pl.col("kind").is_in(SUBMISSION_KINDS).sum().cast(pl.Int64).alias("cpu_submissions"),
+            (pl.col("kind") == "graph_launch").sum().cast(pl.Int64).alias("graph_launches"),
+        )
+    )
+    gap_totals = gaps.group_by(STEP_KEY).agg(
+        pl.len().cast(pl.Int64).alias("gaps"), pl.col("duration").sum().cast(pl.Int64).alias("gap_ns")
+    )
+    return (
+        windows.join(gpu, on=STEP_KEY, how="left")
+        .join(calls, on=STEP_KEY, how="left")
+        .join(gap_totals, on=STEP_KEY, how="left")
+        .with_columns(
+            pl.col(c).fill_null(0)
+            for c in ["kernels", "kernel_ns", "h2d", "h2d_pageable", "h2d_bytes", "cpu_submissions",
+                      "graph_launches", "gaps", "gap_ns"]
+        )
+        .with_columns((pl.col("gpu_end") - pl.col("gpu_start")).alias("duration_ns"))
+        .sort(STEP_KEY)
+    )
+
+
+def _is_h2d() -> pl.Expr:
+    return (pl.col("activity") == "memcpy") & (pl.col("copy_kind") == "HtoD")
+
+
+def op_counts(steps: Steps, ops: list[str]) -> pl.DataFrame:
+    """Kernels per step and op, wide: one column per op (zero when absent), plus `other`."""
+    kernels = _decode_activities(steps).filter(pl.col("activity") == "kernel")
+    decode_steps = steps.decode.select(STEP_KEY)
+    long = kernels.group_by(*STEP_KEY, "op").agg(pl.len().cast(pl.Int64).alias("count"))
+    wide = long.pivot(on="op", index=STEP_KEY, values="count") if long.height else decode_steps
+    result = decode_steps.join(wide, on=STEP_KEY, how="left")
+    missing = [op for op in [*ops, "other"] if op not in result.columns]
+    result = result.with_columns(pl.lit(0, pl.Int64).alias(op) for op in missing)
+    return result.with_columns(pl.col(op).fill_null(0) for op in [*ops, "other"]).sort(STEP_KEY)
+
+
+def step_gaps(steps: Steps, threshold_ns: int) -> pl.DataFrame:
+    """Idle intervals longer than `threshold_ns` inside each step, per device.
+
+    Kernels, copies and memsets of all streams are merged into busy time: the device is idle
+    only when no stream runs anything. The activity before a gap is the one whose end the
+    busy time reached last; the one after is the next to start.
+    """
+    activities = _decode_activities(steps).sort("rank", "step", "device", "start")
+    group = ["rank", "step", "device"]
+    busy_until = pl.col("end").cum_max().over(group)
+    last_to_end = pl.when(pl.col("end") == busy_until).then(pl.col("name")).otherwise(None)
+    with_prev = activities.with_columns(
+        busy_until.shift(1).over(group).alias("idle_from"),
+        last_to_end.forward_fill().over(group).shift(1).over(group).alias("before"),
+    )
+    gaps = with_prev.filter(pl.col("start") - pl.col("idle_from") > threshold_ns)
+    return gaps.select(
+        *group,
+        pl.col("idle_from").alias("start"),
+        pl.col("start").alias("end"),
+        (pl.col("start") - pl.col("idle_from")).alias("duration"),
+        "before",
+        pl.col("name").alias("after"),
+        pl.col("op").alias("after_op") if "op" in gaps.columns else pl.lit(None, pl.Utf8).alias("after_op"),
+    )

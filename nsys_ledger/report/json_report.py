@@ -1,0 +1,79 @@
+"""The versioned JSON document of a check (schema in docs/json-schema.md).
+
+Bump SCHEMA_VERSION's major number when a field is removed or changes meaning, the minor
+number when fields are added.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import polars as pl
+
+from nsys_ledger import __version__
+from nsys_ledger.api import Result
+
+SCHEMA_VERSION = "1.0"
+
+STEP_FIELDS = [
+    "pid", "device", "host_start", "host_end", "gpu_start", "gpu_end", "duration_ns", "kernels", "kernel_ns",
+    "cpu_submissions", "graph_launches", "h2d", "h2d_pageable", "h2d_bytes", "gaps", "gap_ns",
+]
+
+
+def result_document(result: Result) -> dict:
+    trace = result.trace
+    steps = result.steps
+    excluded_reasons = dict(steps.excluded.group_by("reason").agg(pl.len()).sort("reason").iter_rows())
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "tool": {"name": "nsys-ledger", "version": __version__},
+        "trace": {
+            "path": trace.path,
+            "nsys_version": trace.meta.nsys_version,
+            "schema_version": trace.meta.schema_version,
+            "version_source": trace.meta.version_source,
+            "cuda_graph_trace": trace.meta.cuda_graph_trace,
+            "devices": trace.devices.select("device", "name").to_dicts(),
+        },
+        "expectations": (
+            {"path": result.expectations.path, "name": result.expectations.name} if result.expectations else None
+        ),
+        "totals": asdict(result.totals) | {
+            "kernels_by_device": {str(k): v for k, v in result.totals.kernels_by_device.items()}
+        },
+        "step_detection": {
+            "method": steps.method,
+            "detail": steps.detail,
+            "decode_steps": steps.decode.height,
+            "excluded_steps": steps.excluded.height,
+            "excluded_reasons": excluded_reasons,
+        },
+        "gap_threshold_ns": result.gap_threshold_ns,
+        "steps": _steps(result),
+        "checks": [
+            {"name": o.name, "source": o.source, "expected": o.expected, "observed": o.observed, "passed": o.passed}
+            for o in result.outcomes
+        ],
+        "findings": [asdict(f) for f in result.findings],
+        "notices": list(result.notices),
+        "verdict": result.verdict,
+    }
+
+
+def _steps(result: Result) -> list[dict]:
+    op_columns = [c for c in result.op_table.columns if c not in ("rank", "step")]
+    joined = result.step_table.join(result.op_table, on=["rank", "step"], how="left")
+    documents = []
+    for row in joined.iter_rows(named=True):
+        step = {"index": row["step"], "rank": row["rank"]}
+        step.update({field: row[field] for field in STEP_FIELDS})
+        step["ops"] = {op: row[op] for op in op_columns if row[op]}
+        documents.append(step)
+    return documents
+
+
+def write_json(result: Result, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(result_document(result), indent=2, ensure_ascii=False) + "\n")

@@ -1,0 +1,142 @@
+"""The terminal verdict: trace facts, what was checked, findings with hints, per-step counts.
+
+Plain text with optional colour (click strips it when stdout is not a terminal), so the same
+output reads well in a CI log.
+"""
+
+from __future__ import annotations
+
+import click
+import polars as pl
+
+from nsys_ledger.api import Result
+from nsys_ledger.checks.ledger import short_kernel_name
+
+MAX_STEP_ROWS = 12
+
+
+def render(result: Result) -> str:
+    lines: list[str] = []
+    lines += _facts(result)
+    lines.append("")
+    for notice in result.notices:
+        lines.append(click.style("notice  ", fg="yellow") + notice)
+    if result.notices:
+        lines.append("")
+    if result.expectations is not None:
+        lines += _checks(result)
+        lines.append("")
+    lines += _step_rows(result)
+    lines.append("")
+    lines += _verdict(result)
+    return "\n".join(lines)
+
+
+def _facts(result: Result) -> list[str]:
+    trace, totals, steps = result.trace, result.totals, result.steps
+    meta = trace.meta
+    version = meta.nsys_version or "unknown version"
+    schema = f" (schema {meta.schema_version})" if meta.schema_version else ""
+    devices = ", ".join(
+        f"{d} {n or 'GPU'}" for d, n in trace.devices.select("device", "name").iter_rows()
+    ) or "none"
+    graph_mode = {"node": "CUDA graphs traced per node", "graph": "CUDA graphs traced per graph (no kernels inside)"}
+    by_device = ", ".join(f"device {d}: {n:,}" for d, n in totals.kernels_by_device.items())
+    excluded = steps.excluded.group_by("reason").agg(pl.len()).sort("len", descending=True)
+    excluded_text = "; ".join(f"{n} {reason}" for reason, n in excluded.iter_rows())
+    lines = [
+        click.style(f"nsys-ledger check {trace.path}", bold=True),
+        f"trace     nsys {version}{schema}; devices: {devices}"
+        + (f"; {graph_mode[meta.cuda_graph_trace]}" if totals.graph_replays and meta.cuda_graph_trace in graph_mode
+           else ""),
+        f"totals    {totals.kernels:,} kernels ({by_device or 'none'}); {totals.h2d_copies:,} H2D copies "
+        f"({totals.h2d_pageable} pageable); {totals.nvtx_ranges:,} NVTX ranges; {totals.api_launches:,} launch "
+        f"calls; {totals.graph_replays:,} graph replays",
+        f"steps     {steps.decode.height} decode steps by {steps.method}: {steps.detail}",
+    ]
+    if excluded_text:
+        lines.append(f"excluded  {excluded_text}")
+    if result.expectations is not None:
+        lines.append(f"ledger    {result.expectations.name} ({result.expectations.path})")
+    return lines
+
+
+def _checks(result: Result) -> list[str]:
+    rows = [("check", "expected", "observed", "failing steps", "")]
+    total_steps = result.step_table.height
+    for outcome in result.outcomes:
+        failing = max((f.failing_steps for f in outcome.findings), default=0)
+        status = click.style("ok", fg="green") if outcome.passed else click.style("FAIL", fg="red", bold=True)
+        rows.append((outcome.name, outcome.expected, outcome.observed, f"{failing}/{total_steps}", status))
+    return _table(rows)
+
+
+def _step_rows(result: Result) -> list[str]:
+    table = result.step_table
+    if table.height == 0:
+        lines = ["no decode steps to list"]
+        if result.expectations is None:
+            lines += ["", "most launched kernels in the whole trace:"] + _top_kernels(result)
+        return lines
+    anchor_ops = [a.op for a in result.expectations.anchors] if result.expectations else []
+    joined = table.join(result.op_table.select("rank", "step", *anchor_ops), on=["rank", "step"], how="left")
+    multi_rank = joined["rank"].n_unique() > 1
+    header = ("rank",) * multi_rank + ("step", "kernels", "submissions", "graphs", "H2D", "gaps", "time (us)")
+    header += tuple(anchor_ops)
+    rows = [header]
+    shown = joined.head(MAX_STEP_ROWS)
+    for row in shown.iter_rows(named=True):
+        cells = (str(row["rank"]),) * multi_rank + (
+            str(row["step"]), str(row["kernels"]), str(row["cpu_submissions"]), str(row["graph_launches"]),
+            str(row["h2d"]), str(row["gaps"]), f"{(row['duration_ns'] or 0) / 1000:.1f}",
+        )
+        cells += tuple(str(row[op]) for op in anchor_ops)
+        rows.append(cells)
+    lines = ["per step:"] + _table(rows)
+    if joined.height > MAX_STEP_ROWS:
+        lines.append(f"... {joined.height - MAX_STEP_ROWS} more steps (all of them in --json)")
+    if result.expectations is None:
+        lines += ["", "most launched kernels per step:"] + _top_kernels(result)
+    return lines
+
+
+def _top_kernels(result: Result, limit: int = 10) -> list[str]:
+    """Per step when there are steps, else over the whole trace."""
+    in_steps = result.step_table.height > 0
+    kernels = result.steps.activities.filter(
+        (pl.col("decode").fill_null(False) | (not in_steps)) & (pl.col("activity") == "kernel")
+    )
+    if kernels.height == 0:
+        return ["  (none)"]
+    steps = max(result.step_table.height, 1)
+    top = kernels.group_by("name").agg(pl.len().alias("count")).sort("count", "name", descending=[True, False])
+    return [
+        f"  {count / steps:8.1f}  {short_kernel_name(name, 90)}" for name, count in top.head(limit).iter_rows()
+    ]
+
+
+def _verdict(result: Result) -> list[str]:
+    checks = len(result.outcomes)
+    steps = result.step_table.height
+    if result.verdict == "summary":
+        return [click.style("SUMMARY", bold=True) + " no expectations given (--expect FILE checks a ledger)"]
+    if result.verdict == "pass":
+        return [click.style("PASS", fg="green", bold=True) + f" all {checks} checks passed on {steps} decode steps"]
+    findings = result.findings
+    lines = [click.style("FAIL", fg="red", bold=True) + f" {len(findings)} finding(s) in {checks} checks on "
+             f"{steps} decode steps"]
+    for finding in findings:
+        lines.append(f"  - [{finding.source}] {finding.message}")
+        if finding.hint:
+            lines.append(f"    hint: {finding.hint}")
+    return lines
+
+
+def _table(rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(click.unstyle(row[i])) for row in rows) for i in range(len(rows[0]))]
+    out = []
+    for index, row in enumerate(rows):
+        cells = [cell + " " * (widths[i] - len(click.unstyle(cell))) for i, cell in enumerate(row)]
+        line = "  " + "  ".join(cells).rstrip()
+        out.append(click.style(line, bold=True) if index == 0 else line)
+    return out
