@@ -1,0 +1,1011 @@
+"""Generate a synthetic nsys 2026 SQLite export of SGLang GLM-5.3 decode from the reference
+schedule.
+
+    >>> from nsys_ledger.synth import generate
+    >>> s = generate("/tmp/glm5.sqlite", mode="graph", steps=8, faults=("extra_gaps",))
+    >>> s.kernels_per_step, s.graph_launches_per_step, len(s.injected_gaps)
+    (2002, 1, 24)
+
+Timeline of one rank (one process, one GPU; ranks share nothing but timing: collective kernels
+end together on every rank, so a slow rank makes its peers wait inside their collectives):
+
+graph mode (`--cuda-graph-trace=node`)
+    startup API calls -> warm-up decode forward (eager, alt streams, layerwise NVTX) ->
+    cudaDeviceSynchronize -> capture: cudaStreamBeginCapture, one launch call per kernel under
+    the layerwise NVTX ranges (no kernel rows: capture does not execute; one
+    CUDA_GRAPH_NODE_EVENTS row per node, eventClass 77, inside the launch call),
+    cudaStreamEndCapture, cudaGraphInstantiateWithFlags (cloned exec nodes whose
+    originalGraphNodeId is the capture node; CUDA_GRAPH_EVENTS 95 inside BeginCapture and
+    94 inside the instantiate call) -> prefill forward (eager) + sampling ->
+    decode steps: 3 pinned H2D cudaMemcpyAsync, ONE cudaGraphLaunch (all its kernel rows share
+    its correlationId and carry the exec node ids and the graph id), the sampling kernel
+    launched eagerly, cudaEventRecord, cudaEventSynchronize on the previous step.
+    SGLang captures its graphs at start-up, before it serves any request, so the capture comes
+    before the prefill here. The scheduler overlaps CPU and GPU (it issues step k+1 while the
+    GPU runs step k and only then waits for step k), so the host runs ahead of the GPU and a
+    healthy step has no device idle gap above the 0.5-1 µs node-to-node gap. (The first
+    decode step queues behind the prefill; with prefill=False it starts on an idle GPU and
+    its first copies are host bound.)
+eager mode
+    startup -> prefill -> decode steps; every kernel has its own launch call (5-10 µs of host
+    time each, plus tens of µs per module for the layerwise NVTX marker hooks), all on the
+    main stream (SGLang only forks to the alt stream in capture mode), and the scheduler
+    waits for each pass before the next, so the GPU waits on the host: host bound, many
+    small gaps.
+
+All timestamps are integer ns. Everything is deterministic for a given seed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+from nsys_ledger.synth import schedule as S
+from nsys_ledger.synth.nsys_schema import ERA_2026_2, SchemaEra
+from nsys_ledger.synth.writer import SqliteTraceWriter
+
+FAULTS = ("broken_fusion", "chunked_indexer", "extra_gaps", "extra_h2d", "split_graph",
+          "layer_fault", "pageable_h2d")
+
+# "extra_gaps": (layer, op, extra idle ns) injected before that kernel in every decode step.
+# o_proj is on the main stream after the attention join, when the alt stream is idle, so the
+# delay is a device idle gap on every stream.
+GAP_SITES: tuple[tuple[int, str, int], ...] = ((12, "o_proj", 6_500), (40, "o_proj", 17_000),
+                                               (68, "o_proj", 36_000))
+GAP_THRESHOLD_NS = 2_000
+
+VM_BITS = 1 << 48  # <HW:8=0><VM:8=1> as in the real exports
+PID_BASE = 2841
+T0 = 41_203_517_112  # session start on the trace clock
+STREAM_NULL, STREAM_POOL, STREAM_MAIN, STREAM_ALT = 7, 13, 20, 24
+
+API_MEMCPY = "cudaMemcpyAsync_v3020"
+API_GRAPH_LAUNCH = "cudaGraphLaunch_v10000"
+API_BEGIN_CAPTURE = "cudaStreamBeginCapture_v10000"
+API_END_CAPTURE = "cudaStreamEndCapture_v10000"
+API_INSTANTIATE = "cudaGraphInstantiateWithFlags_v11040"
+API_EVENT_RECORD = "cudaEventRecord_v3020"
+API_WAIT_EVENT = "cudaStreamWaitEvent_v3020"
+API_EVENT_SYNC = "cudaEventSynchronize_v3020"
+API_DEVICE_SYNC = "cudaDeviceSynchronize_v3020"
+
+EC_NODE_CREATE = 77  # ENUM_NSYS_EVENT_CLASS: CUDA graph node creation
+EC_GRAPHEXEC_CREATE = 94
+EC_GRAPH_CREATE = 95
+NVTX_PUSHPOP = 59
+
+KERNEL_COLS = (
+    "start", "end", "deviceId", "contextId", "greenContextId", "streamId", "correlationId",
+    "globalPid", "demangledName", "shortName", "mangledName", "launchType", "cacheConfig",
+    "registersPerThread", "gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ",
+    "staticSharedMemory", "dynamicSharedMemory", "localMemoryPerThread", "localMemoryTotal",
+    "gridId", "sharedMemoryExecuted", "graphNodeId", "sharedMemoryLimitConfig", "graphId",
+    "clusterX", "clusterY", "clusterZ", "clusterSchedulingPolicy", "maxPotentialClusterSize",
+    "maxActiveClusters", "tensorSizeMinusOneElements")
+MEMCPY_COLS = ("start", "end", "deviceId", "contextId", "greenContextId", "streamId",
+               "correlationId", "globalPid", "bytes", "copyKind", "srcKind", "dstKind",
+               "graphNodeId", "copyCount")
+RUNTIME_COLS = ("start", "end", "eventClass", "globalTid", "correlationId", "nameId",
+                "returnValue")
+NVTX_COLS = ("start", "end", "eventType", "text", "globalTid", "domainId")
+SYNC_COLS = ("start", "end", "deviceId", "contextId", "streamId", "correlationId", "globalPid",
+             "syncType", "eventId", "eventSyncId")
+NODE_EVENT_COLS = ("start", "end", "eventClass", "globalTid", "nameId", "graphNodeId",
+                   "originalGraphNodeId")
+GRAPH_EVENT_COLS = ("start", "end", "eventClass", "globalTid", "nameId", "graphId",
+                    "originalGraphId", "graphExecId")
+GRAPH_TRACE_COLS = ("start", "end", "deviceId", "contextId", "greenContextId", "streamId",
+                    "correlationId", "globalPid", "graphId", "graphExecId")
+
+
+# ------------------------------------------------------------------------------------------------
+# Truth handed back to the caller (tests use it as ground truth)
+# ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CopyTruth:
+    label: str
+    bytes: int
+    pageable: bool
+
+
+@dataclass(frozen=True)
+class InjectedGap:
+    rank: int
+    step: int
+    layer: int
+    op: str
+    kernel: str  # demangled name of the kernel the gap precedes
+    planned_ns: int  # extra delay injected
+    idle_start: int  # device idle interval (all streams) that results
+    idle_end: int
+
+    @property
+    def idle_ns(self) -> int:
+        return self.idle_end - self.idle_start
+
+
+@dataclass(frozen=True)
+class StepTruth:
+    rank: int
+    index: int
+    start: int  # start of the first H2D copy of the step
+    end: int  # end of the sampling kernel
+    kernels: int
+    h2d: int
+    graph_launch_correlation_ids: tuple[int, ...]
+    sampling_correlation_id: int
+    max_gap_ns: int  # largest device idle gap (all streams merged) inside [start, end]
+    gaps_over_threshold: int  # gaps > GAP_THRESHOLD_NS inside [start, end]
+
+
+@dataclass
+class GenerateSummary:
+    path: str
+    mode: str
+    steps: int
+    ranks: int
+    batch: int
+    seed: int
+    faults: tuple[str, ...]
+    cuda_graph_trace: str
+    kernels_per_step: int  # GPU kernel executions per decode step (graph kernels + sampling)
+    graph_kernels_per_step: int  # of which inside CUDA graphs (0 in eager mode)
+    step_kernel_counts: dict[str, int]  # demangled name -> executions per decode step
+    step_short_counts: dict[str, int]  # shortName -> executions per decode step
+    step_group_counts: dict[str, int]  # ledger group -> executions per decode step
+    graph_launches_per_step: int
+    h2d_per_step: int
+    pageable_h2d_per_step: int
+    copies_per_step: tuple[CopyTruth, ...]
+    launch_calls_per_step: int  # kernel launch API calls per decode step
+    prefill_kernels: int
+    warmup_kernels: int
+    capture_nodes: int  # capture-time graph nodes per rank (all graphs)
+    injected_gaps: list[InjectedGap]
+    step_truth: list[StepTruth]
+    pids: tuple[int, ...]
+    devices: tuple[int, ...]
+    main_stream: int
+    alt_stream: int
+    slow_rank: int | None
+    slow_factor: float
+    rows: dict[str, int] = field(default_factory=dict)
+    elapsed_s: float = 0.0
+
+    def steps_of(self, rank: int = 0) -> list[StepTruth]:
+        return [s for s in self.step_truth if s.rank == rank]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# ------------------------------------------------------------------------------------------------
+# Simulation objects
+# ------------------------------------------------------------------------------------------------
+class _Op:
+    """One GPU activity (kernel or memcpy) waiting for its start/end."""
+
+    __slots__ = ("kind", "kt", "stream", "earliest", "gap", "extra", "dur", "deps", "corr",
+                 "node", "graph", "start", "end", "bytes", "src_kind", "collective", "tag")
+
+    def __init__(self, kind, kt, stream, earliest, gap, dur, corr, deps=(), node=None,
+                 graph=None, extra=0, nbytes=0, src_kind=1, tag=None):
+        self.kind = kind  # "k" kernel, "c" H2D copy
+        self.kt = kt
+        self.stream = stream
+        self.earliest = earliest
+        self.gap = gap
+        self.extra = extra
+        self.dur = dur
+        self.deps = deps
+        self.corr = corr
+        self.node = node
+        self.graph = graph
+        self.bytes = nbytes
+        self.src_kind = src_kind
+        self.collective = kt.collective if kt is not None else False
+        self.tag = tag
+        self.start = 0
+        self.end = 0
+
+
+class _Flush:
+    """Sentinel a rank program yields at the end of a pass: rows so far can be written."""
+
+    def __init__(self, label: str, step: int | None = None):
+        self.label = label
+        self.step = step
+
+
+@dataclass
+class _PassRecord:
+    label: str
+    step: int | None
+    ops: list
+    launches: list  # (correlationId) of graph launches
+    copies: list
+    sampling: _Op | None
+
+
+class _Rank:
+    """Host-side state and row buffers of one rank (one process, one GPU)."""
+
+    def __init__(self, rank: int, cfg: "_Config"):
+        self.rank = rank
+        self.cfg = cfg
+        self.pid = PID_BASE + rank
+        self.gpid = VM_BITS | (self.pid << 24)
+        self.gtid = self.gpid | self.pid  # the scheduler thread is the process main thread
+        self.device = rank
+        self.ctx = rank + 1
+        self.rng = np.random.default_rng([cfg.seed, rank, 0x5EED])
+        self.t = T0 + 1_200_000_000 + rank * 37_000 + int(self.rng.integers(0, 20_000))
+        self.corr = 0
+        self.grid_id = 1_000
+        self.node_id = 0
+        self.graph_id = 0
+        self.exec_id = 1
+        self.event_id = 0
+        self.ready: dict[int, int] = {}
+        self.runtime: list[tuple] = []
+        self.nvtx: list[tuple] = []
+        self.syncs: list[tuple] = []
+        self.node_events: list[tuple] = []
+        self.graph_events: list[tuple] = []
+        self.ops: list[_Op] = []
+        self.passes: list[_PassRecord] = []
+        self.cur: _PassRecord | None = None
+        self.nvtx_stack: list[tuple[str, int]] = []
+        self.cur_texts: list[str] = []
+        self.graph_execs: dict[int, int] = {}
+        self.capture_nodes = 0
+        scale = cfg.slow_factor if cfg.slow_rank == rank else 1.0
+        self.decode_graph = S.decode_schedule(cfg.batch, cfg.faults, alt_streams=True)
+        self.decode_eager = S.decode_schedule(cfg.batch, cfg.faults, alt_streams=False)
+        self.prefill = S.prefill_schedule(cfg.batch, cfg.faults)
+        if scale != 1.0:
+            self.decode_graph = S.with_durations(self.decode_graph, scale)
+            self.decode_eager = S.with_durations(self.decode_eager, scale)
+            self.prefill = S.with_durations(self.prefill, scale)
+
+    # -- random helpers (deterministic per rank) ---------------------------------------------
+    def u(self, lo: int, hi: int) -> int:
+        return int(self.rng.integers(lo, hi + 1))
+
+    def jitter(self, n: int) -> np.ndarray:
+        return self.rng.lognormal(0.0, 0.03, n)
+
+    # -- host API calls -----------------------------------------------------------------------
+    def api(self, name: str, dur: int, *, event_class: int | None = None) -> tuple[int, int, int]:
+        """Record one runtime/driver API call at the current host time -> (start, end, corr)."""
+        self.corr += 1
+        start = self.t
+        end = start + dur
+        ec = event_class if event_class is not None else (
+            1 if name.startswith("cu") and not name.startswith("cuda") else 0)
+        self.runtime.append((start, end, ec, self.gtid, self.corr, self.cfg.sid(name), 0))
+        self.t = end
+        return start, end, self.corr
+
+    def nvtx_to(self, chain: tuple[str, ...], tokens: int) -> None:
+        """Move the open layerwise NVTX ranges to exactly `chain` (pop, then push)."""
+        stack = self.nvtx_stack
+        keep = 0
+        while keep < len(stack) and keep < len(chain) and stack[keep][0] == chain[keep]:
+            keep += 1
+        while len(stack) > keep:
+            self.pop_range()
+        for mod in chain[keep:]:
+            # the marker's forward pre-hook walks the inputs and formats the dict text: slow
+            # (real SGLang traces show tens of µs per module), which is what makes eager decode
+            # with markers host bound
+            self.t += self.u(12_000, 30_000)
+            self.push_range(S.nvtx_marker_text(mod, tokens), mod)
+
+    def push_range(self, text: str, key: str) -> None:
+        self.nvtx_stack.append((key, self.t))
+        self.cur_texts.append(text)
+        self.t += self.u(250, 500)
+
+    def pop_range(self) -> None:
+        key, start = self.nvtx_stack.pop()
+        text = self.cur_texts.pop()
+        self.t += self.u(3_000, 8_000)  # forward post-hook
+        self.nvtx.append((start, self.t, NVTX_PUSHPOP, text, self.gtid, 0))
+        self.t += self.u(200, 400)
+
+    def new_pass(self, label: str, step: int | None = None) -> None:
+        self.cur = _PassRecord(label, step, [], [], [], None)
+        self.passes.append(self.cur)
+
+    def emit(self, op: _Op) -> _Op:
+        self.cur.ops.append(op)
+        return op
+
+
+@dataclass
+class _Config:
+    mode: str
+    steps: int
+    ranks: int
+    batch: int
+    seed: int
+    faults: frozenset[str]
+    step_nvtx: bool
+    prefill: bool
+    cuda_graph_trace: str
+    slow_rank: int | None
+    slow_factor: float
+    layerwise_nvtx: bool
+    writer: SqliteTraceWriter
+
+    def sid(self, s: str) -> int:
+        return self.writer.string_id(s)
+
+
+# ------------------------------------------------------------------------------------------------
+# The per-rank program (a generator: yields GPU ops, batches of ops, or _Flush sentinels)
+# ------------------------------------------------------------------------------------------------
+def _copy_plan(cfg: _Config) -> list[CopyTruth]:
+    b = cfg.batch
+    copies = [CopyTruth("page_table", b * 256, False), CopyTruth("seq_lens", b * 8, False),
+              CopyTruth("sampling_params", b * 16, "pageable_h2d" in cfg.faults)]
+    if "extra_h2d" in cfg.faults:
+        copies.insert(2, CopyTruth("positions", b * 8, False))
+    return copies
+
+
+def _h2d(rs: _Rank, c: CopyTruth, gap_lo: int = 600, gap_hi: int = 1_200) -> Iterator:
+    """One cudaMemcpyAsync host->device on the main stream. Pinned: async. Pageable: the call
+    returns only once the staged copy has run (the host blocks on the GPU)."""
+    rs.t += rs.u(800, 2_000)
+    dur_api = rs.u(3_000, 4_500)
+    start, _end, corr = rs.api(API_MEMCPY, dur_api)
+    if c.pageable:
+        gpu_dur = 1_800 + c.bytes * 1_000 // 8_000 + rs.u(0, 300)
+        op = _Op("c", None, STREAM_MAIN, start + 2_500, rs.u(gap_lo, gap_hi), gpu_dur, corr,
+                 nbytes=c.bytes, src_kind=0, tag=c.label)
+    else:
+        gpu_dur = 1_100 + c.bytes * 1_000 // 22_000 + rs.u(0, 200)
+        op = _Op("c", None, STREAM_MAIN, start + 1_800, rs.u(gap_lo, gap_hi), gpu_dur, corr,
+                 nbytes=c.bytes, src_kind=1, tag=c.label)
+    rs.emit(op)
+    rs.cur.copies.append(op)
+    yield op
+    if c.pageable:
+        # the runtime row must cover the blocking wait: stretch it to the copy's end
+        row = rs.runtime[-1]
+        end = max(row[1], op.end + rs.u(1_200, 2_000))
+        rs.runtime[-1] = (row[0], end, *row[2:])
+        rs.t = end
+
+
+def _launch_kernel(rs: _Rank, spec: S.KernelSpec, *, stream: int, earliest_lat: tuple[int, int],
+                   gap: int, dur: int, deps=(), extra: int = 0, capture: bool = False,
+                   tag=None) -> _Op | None:
+    """Host launch call for one kernel; returns the GPU op (None while capturing)."""
+    rs.t += rs.u(2_000, 4_500)  # Python + torch dispatch before the launch call
+    api_dur = rs.u(3_000, 5_500) if not capture else rs.u(2_500, 4_500)
+    start, end, corr = rs.api(spec.kernel.api, api_dur)
+    if capture:
+        rs.node_id += 1
+        ns = start + (end - start) * 2 // 5
+        rs.node_events.append((ns, ns + rs.u(150, 400), EC_NODE_CREATE, rs.gtid,
+                               rs.cfg.sid(spec.kernel.api), rs.node_id, None))
+        return None
+    return rs.emit(_Op("k", spec.kernel, stream, start + rs.u(*earliest_lat), gap, dur, corr,
+                       deps=deps, extra=extra, tag=tag))
+
+
+def _stream_of(spec: S.KernelSpec) -> int:
+    return STREAM_ALT if spec.stream == "alt" else STREAM_MAIN
+
+
+def _gap_sites(sched: S.Schedule) -> dict[int, tuple[int, str, int]]:
+    out = {}
+    for layer, op, extra in GAP_SITES:
+        for i, k in enumerate(sched.kernels):
+            if k.layer == layer and k.op == op:
+                out[i] = (layer, op, extra)
+                break
+    return out
+
+
+def _eager_forward(rs: _Rank, sched: S.Schedule, *, capture: bool = False,
+                   nvtx: bool = True, gaps: dict | None = None, step: int | None = None,
+                   node_ids: list | None = None) -> Iterator:
+    """Launch every kernel of `sched` from the host, one launch call each (eager or capture)."""
+    n = len(sched.kernels)
+    jit = rs.jitter(n)
+    ops: list[_Op | None] = [None] * n
+    for i, spec in enumerate(sched.kernels):
+        if nvtx:
+            rs.nvtx_to(S.module_chain(spec.module), sched.tokens)
+        deps = ()
+        if spec.deps:
+            # torch wait_stream(): record an event on the other stream, wait on it
+            rs.t += rs.u(300, 800)
+            rs.api(API_EVENT_RECORD, rs.u(1_500, 3_000))
+            rs.api(API_WAIT_EVENT, rs.u(1_000, 2_000))
+            deps = tuple(ops[j] for j in spec.deps if ops[j] is not None)
+        extra = 0
+        tag = None
+        if gaps and i in gaps:
+            extra = gaps[i][2]
+            tag = ("gap", step, gaps[i])
+        op = _launch_kernel(rs, spec, stream=_stream_of(spec), earliest_lat=(2_000, 3_500),
+                            gap=rs.u(700, 1_500), dur=int(spec.dur_ns * jit[i]), deps=deps,
+                            extra=extra, capture=capture, tag=tag)
+        if capture:
+            node_ids.append(rs.node_id)
+        else:
+            ops[i] = op
+            yield op
+    if nvtx:
+        rs.nvtx_to((), sched.tokens)
+
+
+def _sampling(rs: _Rank, sched: S.Schedule) -> Iterator:
+    spec = sched.sampling
+    op = _launch_kernel(rs, spec, stream=STREAM_MAIN, earliest_lat=(2_000, 3_200),
+                        gap=rs.u(700, 1_500), dur=int(spec.dur_ns * rs.jitter(1)[0]))
+    rs.cur.sampling = op
+    yield op
+
+
+def _capture(rs: _Rank, sched: S.Schedule, parts: list[tuple[int, int]]) -> list[dict]:
+    """Capture each part of the decode forward into a graph and instantiate it.
+
+    Returns per part: graph id, exec id, exec node ids (per kernel of the part)."""
+    cfg = rs.cfg
+    graphs = []
+    for lo, hi in parts:
+        rs.t += rs.u(40_000, 90_000)
+        start, end, _ = rs.api(API_BEGIN_CAPTURE, rs.u(4_000, 7_000))
+        rs.graph_id += 1
+        gid = rs.graph_id
+        ge = start + (end - start) * 3 // 4
+        rs.graph_events.append((ge, ge, EC_GRAPH_CREATE, rs.gtid, cfg.sid("Graph Creation"), gid,
+                                None, None))
+        part = S.Schedule(sched.kind, sched.batch, sched.tokens, sched.kernels[lo:hi],
+                          sched.sampling, sched.faults)
+        # indices in `part` are local; deps point inside the part (splits fall on layer edges)
+        part = _localize(part, lo)
+        capture_ids: list[int] = []
+        for _ in _eager_forward(rs, part, capture=True, nvtx=cfg.layerwise_nvtx,
+                                node_ids=capture_ids):
+            pass  # capture yields no GPU ops
+        rs.t += rs.u(1_000, 3_000)
+        rs.api(API_END_CAPTURE, rs.u(20_000, 60_000))
+        # instantiate: two internal graphs, one exec graph whose nodes are clones
+        rs.t += rs.u(5_000, 15_000)
+        n = len(capture_ids)
+        inst_dur = 400_000 + n * rs.u(2_600, 3_400)
+        istart, iend, _ = rs.api(API_INSTANTIATE, inst_dur)
+        for k in range(2):
+            rs.graph_id += 1
+            tg = istart + 20_000 + k * 4_000
+            rs.graph_events.append((tg, tg, EC_GRAPH_CREATE, rs.gtid, cfg.sid("Graph Creation"),
+                                    rs.graph_id, None, None))
+        rs.exec_id += 1
+        eid = rs.exec_id
+        exec_ids = []
+        step_ns = (inst_dur - 120_000) // max(n, 1)
+        inst_name = cfg.sid(API_INSTANTIATE)
+        for j, cid in enumerate(capture_ids):
+            rs.node_id += 1
+            t = istart + 60_000 + j * step_ns
+            rs.node_events.append((t, t + 120, EC_NODE_CREATE, rs.gtid, inst_name, rs.node_id,
+                                   cid))
+            exec_ids.append(rs.node_id)
+        te = iend - 30_000
+        rs.graph_events.append((te, te, EC_GRAPHEXEC_CREATE, rs.gtid,
+                                cfg.sid("GraphExec Creation"), gid, None, eid))
+        rs.capture_nodes += n
+        graphs.append({"graph": gid, "exec": eid, "nodes": exec_ids, "lo": lo, "hi": hi,
+                       "part": part})
+    return graphs
+
+
+def _localize(part: S.Schedule, lo: int) -> S.Schedule:
+    ks = tuple(replace(k, deps=tuple(d - lo for d in k.deps if d >= lo)) for k in part.kernels)
+    return replace(part, kernels=ks)
+
+
+def _graph_replay(rs: _Rank, g: dict, gaps: dict | None, step: int) -> Iterator:
+    """One cudaGraphLaunch: every node becomes a kernel row sharing the launch's correlationId."""
+    part: S.Schedule = g["part"]
+    if "static" not in g:
+        g["static"] = [(k.kernel, _stream_of(k), k.deps, node)
+                       for k, node in zip(part.kernels, g["nodes"])]
+        g["durs"] = np.array([k.dur_ns for k in part.kernels], dtype=np.float64)
+    rs.t += rs.u(2_000, 5_000)
+    start, _end, corr = rs.api(API_GRAPH_LAUNCH, rs.u(18_000, 30_000))
+    rs.cur.launches.append(corr)
+    n = len(part.kernels)
+    durs = (g["durs"] * rs.jitter(n)).astype(np.int64).tolist()
+    gaps_ns = rs.rng.integers(500, 1_001, n).tolist()
+    earliest = start + rs.u(5_000, 8_000)
+    graph = g["graph"]
+    lo = g["lo"]
+    ops: list[_Op] = []
+    append = ops.append
+    for i, (kt, stream, deps, node) in enumerate(g["static"]):
+        op = _Op("k", kt, stream, earliest, gaps_ns[i], durs[i], corr,
+                 deps=tuple(ops[j] for j in deps) if deps else (), node=node, graph=graph)
+        if gaps and i + lo in gaps:
+            op.extra = gaps[i + lo][2]
+            op.tag = ("gap", step, gaps[i + lo])
+        append(op)
+    rs.cur.ops.extend(ops)
+    yield ops
+
+
+def _startup(rs: _Rank) -> None:
+    rs.api("cuModuleGetLoadingMode", rs.u(1_000, 3_000))
+    rs.t += rs.u(2_000_000, 4_000_000)
+    rs.api("cudaGetDeviceCount_v3020", rs.u(500, 1_500))
+    rs.api("cudaSetDevice_v3020", rs.u(30_000, 60_000))
+    for _ in range(3):
+        rs.api("cudaStreamCreateWithPriority_v5050", rs.u(8_000, 20_000))
+    for size in range(4):
+        rs.api("cudaMalloc_v3020", rs.u(40_000, 900_000))
+    rs.api("cudaHostAlloc_v3020", rs.u(200_000, 600_000))
+    rs.t += rs.u(40_000_000, 60_000_000)  # weight loading, NCCL / DeepEP init (not traced)
+
+
+def _device_sync(rs: _Rank) -> None:
+    last = max(rs.ready.values(), default=rs.t)
+    rs.t += rs.u(1_000, 3_000)
+    start = rs.t
+    _s, _e, corr = rs.api(API_DEVICE_SYNC, 2_000)
+    end = max(start + 2_000, last + rs.u(1_500, 3_000))
+    rs.runtime[-1] = (start, end, *rs.runtime[-1][2:])
+    rs.syncs.append((start, end, rs.device, rs.ctx, STREAM_NULL, corr, rs.gpid, 4, 0, None))
+    rs.t = end
+
+
+def _event_sync(rs: _Rank, target: _Op | None) -> None:
+    """cudaEventRecord after the pass, then cudaEventSynchronize on the previous pass's event."""
+    rs.t += rs.u(500, 1_500)
+    rs.event_id += 1
+    rs.api(API_EVENT_RECORD, rs.u(1_500, 3_000))
+    if target is None:
+        return
+    rs.t += rs.u(1_000, 3_000)
+    start = rs.t
+    _s, _e, corr = rs.api(API_EVENT_SYNC, 1_200)
+    end = max(start + rs.u(800, 1_500), target.end + rs.u(1_500, 3_000))
+    rs.runtime[-1] = (start, end, *rs.runtime[-1][2:])
+    rs.syncs.append((start, end, rs.device, rs.ctx, STREAM_MAIN, corr, rs.gpid, 1,
+                     rs.event_id - 1, rs.event_id - 1))
+    rs.t = end
+
+
+def _rank_program(rs: _Rank) -> Iterator:
+    cfg = rs.cfg
+    graph_mode = cfg.mode == "graph"
+    gap_sched = rs.decode_graph if graph_mode else rs.decode_eager
+    gaps = _gap_sites(gap_sched) if "extra_gaps" in cfg.faults else None
+    copies = _copy_plan(cfg)
+    rs.new_pass("startup")
+    _startup(rs)
+    graphs: list[dict] = []
+    if graph_mode:
+        rs.new_pass("warmup")
+        yield from _eager_forward(rs, rs.decode_graph, nvtx=cfg.layerwise_nvtx)
+        _device_sync(rs)
+        yield _Flush("warmup")
+        rs.new_pass("capture")
+        if "split_graph" in cfg.faults:
+            si = rs.decode_graph.split_index()
+            parts = [(0, si), (si, len(rs.decode_graph.kernels))]
+        else:
+            parts = [(0, len(rs.decode_graph.kernels))]
+        graphs = _capture(rs, rs.decode_graph, parts)
+        _device_sync(rs)
+        yield _Flush("capture")
+    prev_sampling: _Op | None = None
+    serve = (["prefill"] if cfg.prefill else []) + [f"decode:{k}" for k in range(cfg.steps)]
+    for label in serve:
+        step = None if label == "prefill" else int(label.split(":")[1])
+        rs.new_pass("prefill" if step is None else "decode", step)
+        rs.t += rs.u(120_000, 260_000)  # scheduler: pick the batch, build the ForwardBatch
+        if cfg.step_nvtx:  # a user range around the whole forward pass, outside the markers
+            rs.t += rs.u(1_000, 2_000)
+            kind = "prefill" if step is None else "decode"
+            step_range = (rs.t, f"{kind} bs={cfg.batch}")
+            rs.t += rs.u(250, 500)
+        for c in copies:
+            yield from _h2d(rs, c)
+        if step is None:
+            yield from _eager_forward(rs, rs.prefill, nvtx=cfg.layerwise_nvtx)
+        elif graph_mode:
+            for gi, g in enumerate(graphs):
+                if gi > 0:  # split graph: a small H2D copy sits between the two replays
+                    yield from _h2d(rs, CopyTruth("split_metadata", cfg.batch * 4, False))
+                yield from _graph_replay(rs, g, gaps, step)
+        else:
+            yield from _eager_forward(rs, rs.decode_eager, nvtx=cfg.layerwise_nvtx, gaps=gaps,
+                                      step=step)
+        yield from _sampling(rs, rs.decode_graph)
+        if cfg.step_nvtx:
+            rs.t += rs.u(300, 800)
+            rs.nvtx.append((step_range[0], rs.t, NVTX_PUSHPOP, step_range[1], rs.gtid, 0))
+            rs.t += rs.u(200, 400)
+        # graph mode: overlap scheduler, wait for the previous pass only; eager mode: the
+        # scheduler waits for this pass before preparing the next (no overlap)
+        _event_sync(rs, prev_sampling if graph_mode else rs.cur.sampling)
+        prev_sampling = rs.cur.sampling if graph_mode else None
+        rs.t += rs.u(80_000, 180_000)  # process the batch result
+        yield _Flush(label, step)
+    if prev_sampling is not None:
+        _event_sync(rs, prev_sampling)
+    yield _Flush("end")
+
+
+# ------------------------------------------------------------------------------------------------
+# GPU simulation (all ranks in lock step, so collectives can wait for their peers)
+# ------------------------------------------------------------------------------------------------
+def _simulate(ops: list[_Op], ranks: list[_Rank]) -> None:
+    for op, rs in zip(ops, ranks):
+        ready = rs.ready.get(op.stream, 0)
+        for d in op.deps:
+            if d.end > ready:
+                ready = d.end
+        s = ready + op.gap
+        if op.earliest > s:
+            s = op.earliest
+        op.start = s + op.extra
+    if ops[0].collective and len(ops) > 1:
+        t = max(op.start for op in ops)
+        for op, rs in zip(ops, ranks):
+            op.end = t + op.dur
+            rs.ready[op.stream] = op.end
+    else:
+        for op, rs in zip(ops, ranks):
+            op.end = op.start + op.dur
+            rs.ready[op.stream] = op.end
+
+
+def _simulate_batch(batches: list[list[_Op]], ranks: list[_Rank]) -> None:
+    if len(ranks) == 1:
+        ready = ranks[0].ready
+        for op in batches[0]:
+            r = ready.get(op.stream, 0)
+            for d in op.deps:
+                if d.end > r:
+                    r = d.end
+            s = r + op.gap
+            if op.earliest > s:
+                s = op.earliest
+            op.start = s + op.extra
+            op.end = op.start + op.dur
+            ready[op.stream] = op.end
+        return
+    for col in zip(*batches):
+        _simulate(list(col), ranks)
+
+
+# ------------------------------------------------------------------------------------------------
+# Rows
+# ------------------------------------------------------------------------------------------------
+_SMEM_CARVEOUTS = (0, 8_192, 16_384, 32_768, 65_536, 102_400, 135_168, 167_936, 233_472)
+
+
+def _kernel_static(kt: S.KernelType, cfg: _Config) -> tuple:
+    used = kt.static_smem + kt.dyn_smem
+    executed = next(c for c in _SMEM_CARVEOUTS if c >= used + (1_024 if used else 0)) \
+        if used < 232_448 else 233_472
+    return (cfg.sid(kt.name), cfg.sid(kt.short), cfg.sid(kt.mangled), 1, 1, kt.regs,
+            *kt.grid, *kt.block, kt.static_smem, kt.dyn_smem, 0, 250_871_808), executed
+
+
+class _RowSink:
+    def __init__(self, cfg: _Config):
+        self.cfg = cfg
+        self.w = cfg.writer
+        self._static: dict[str, tuple] = {}
+        self.graph_level = cfg.cuda_graph_trace == "graph"
+
+    def static(self, kt: S.KernelType) -> tuple:
+        v = self._static.get(kt.key)
+        if v is None:
+            v = self._static[kt.key] = _kernel_static(kt, self.cfg)
+        return v
+
+    def flush(self, rs: _Rank) -> None:
+        w = self.w
+        krows, crows, grows = [], [], []
+        for p in rs.passes:
+            if not p.ops:
+                continue
+            if self.graph_level and p.launches:
+                by_corr: dict[int, list[_Op]] = {}
+                for op in p.ops:
+                    if op.graph is not None:
+                        by_corr.setdefault(op.corr, []).append(op)
+                for corr, gops in by_corr.items():
+                    grows.append((min(o.start for o in gops), max(o.end for o in gops), rs.device,
+                                  rs.ctx, 0, STREAM_MAIN, corr, rs.gpid, gops[0].graph,
+                                  _exec_of(rs, gops[0].graph)))
+            for op in p.ops:
+                if op.kind == "c":
+                    crows.append((op.start, op.end, rs.device, rs.ctx, 0, op.stream, op.corr,
+                                  rs.gpid, op.bytes, 1, op.src_kind, 2, None, 1))
+                    continue
+                if self.graph_level and op.graph is not None:
+                    continue
+                st, executed = self.static(op.kt)
+                rs.grid_id += 1
+                cl = op.kt.cluster
+                krows.append((op.start, op.end, rs.device, rs.ctx, 0, op.stream, op.corr,
+                               rs.gpid, *st, rs.grid_id, executed, op.node, 0, op.graph,
+                               cl[0], cl[1], cl[2], 1, 8 if cl[0] else 0, 0, "[]"))
+        if krows:
+            w.insert("CUPTI_ACTIVITY_KIND_KERNEL", KERNEL_COLS, krows)
+        if crows:
+            w.insert("CUPTI_ACTIVITY_KIND_MEMCPY", MEMCPY_COLS, crows)
+        if grows:
+            w.insert("CUPTI_ACTIVITY_KIND_GRAPH_TRACE", GRAPH_TRACE_COLS, grows)
+        if rs.runtime:
+            w.insert("CUPTI_ACTIVITY_KIND_RUNTIME", RUNTIME_COLS, rs.runtime)
+        if rs.nvtx:
+            w.insert("NVTX_EVENTS", NVTX_COLS, rs.nvtx)
+        if rs.syncs:
+            w.insert("CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", SYNC_COLS, rs.syncs)
+        if rs.node_events and not self.graph_level:
+            w.insert("CUDA_GRAPH_NODE_EVENTS", NODE_EVENT_COLS, rs.node_events)
+        if rs.graph_events:
+            w.insert("CUDA_GRAPH_EVENTS", GRAPH_EVENT_COLS, rs.graph_events)
+        rs.runtime, rs.nvtx, rs.syncs, rs.node_events, rs.graph_events = [], [], [], [], []
+
+
+def _exec_of(rs: _Rank, graph_id: int) -> int:
+    return rs.graph_execs[graph_id]
+
+
+def _merged_gaps(ops: list[_Op], lo: int, hi: int) -> tuple[int, int, list[tuple[int, int]]]:
+    """Largest idle gap of the union of [start, end) intervals clipped to [lo, hi]."""
+    iv = sorted((o.start, o.end) for o in ops if o.end > lo and o.start < hi)
+    max_gap, n_over, gaps = 0, 0, []
+    cur = lo
+    for s, e in iv:
+        if s > cur:
+            g = s - cur
+            gaps.append((cur, s))
+            max_gap = max(max_gap, g)
+            if g > GAP_THRESHOLD_NS:
+                n_over += 1
+        cur = max(cur, e)
+    return max_gap, n_over, gaps
+
+
+# ------------------------------------------------------------------------------------------------
+# Entry point
+# ------------------------------------------------------------------------------------------------
+def generate(out_path: str | Path, *, mode: str = "graph", steps: int = 8, ranks: int = 1,
+             batch: int = 32, seed: int = 0, faults: tuple[str, ...] | list[str] = (),
+             step_nvtx: bool = False, prefill: bool = True, slow_rank: int | None = None,
+             slow_factor: float = 1.2, cuda_graph_trace: str = "node",
+             layerwise_nvtx: bool = True, era: SchemaEra = ERA_2026_2,
+             vacuum: bool = False) -> GenerateSummary:
+    """Write one synthetic nsys export of SGLang GLM-5.3 decode and return the truth about it.
+
+    mode: "graph" (decode replayed from CUDA graphs, `--cuda-graph-trace=node`) or "eager".
+    faults: any of FAULTS. slow_rank: that rank's kernels run `slow_factor` times longer.
+    cuda_graph_trace: "node" (default) or "graph" (graph-level rows in
+    CUPTI_ACTIVITY_KIND_GRAPH_TRACE instead of per-node kernel rows; graph mode only)."""
+    t_begin = time.perf_counter()
+    if mode not in ("graph", "eager"):
+        raise ValueError(f"mode must be 'graph' or 'eager', not {mode!r}")
+    bad = sorted(set(faults) - set(FAULTS))
+    if bad:
+        raise ValueError(f"unknown faults {bad}; known: {FAULTS}")
+    if cuda_graph_trace not in ("node", "graph"):
+        raise ValueError("cuda_graph_trace must be 'node' or 'graph'")
+    if mode == "eager" and "split_graph" in faults:
+        raise ValueError("split_graph needs mode='graph'")
+    if slow_rank is not None and not 0 <= slow_rank < ranks:
+        raise ValueError("slow_rank must name one of the ranks")
+    out_path = Path(out_path)
+    writer = SqliteTraceWriter(out_path, era)
+    cfg = _Config(mode, steps, ranks, batch, seed, frozenset(faults), step_nvtx, prefill,
+                  cuda_graph_trace, slow_rank, slow_factor, layerwise_nvtx, writer)
+    rks = [_Rank(r, cfg) for r in range(ranks)]
+    sink = _RowSink(cfg)
+    gens = [_rank_program(rs) for rs in rks]
+    truth_steps: list[StepTruth] = []
+    injected: list[InjectedGap] = []
+    warmup_kernels = prefill_kernels = 0
+    while True:
+        items = [next(g, None) for g in gens]
+        first = items[0]
+        if first is None:
+            assert all(i is None for i in items)
+            break
+        if isinstance(first, _Flush):
+            assert all(isinstance(i, _Flush) for i in items)
+            for rs in rks:
+                _collect_graph_execs(rs)
+            for rs in rks:
+                for p in rs.passes:
+                    if p.label == "warmup" and rs.rank == 0:
+                        warmup_kernels = sum(1 for o in p.ops if o.kind == "k")
+                    if p.label == "prefill" and rs.rank == 0:
+                        prefill_kernels = sum(1 for o in p.ops if o.kind == "k")
+                    if p.label == "decode":
+                        truth_steps.append(_step_truth(rs, p))
+                        injected.extend(_injected(rs, p))
+                sink.flush(rs)
+                rs.passes = []  # written; the program keeps what it still needs (prev sampling)
+            continue
+        if isinstance(first, list):
+            _simulate_batch(items, rks)
+        else:
+            _simulate(items, rks)
+
+    _write_static_tables(cfg, rks)
+    writer.write_enums()
+    writer.close(vacuum=vacuum)
+
+    sched = rks[0].decode_graph if mode == "graph" else rks[0].decode_eager
+    names = sched.name_counts()
+    shorts = Counter()
+    for k in sched.kernels:
+        shorts[k.kernel.short] += 1
+    shorts[sched.sampling.kernel.short] += 1
+    copies = tuple(_copy_plan(cfg))
+    if "split_graph" in faults:
+        copies = copies + (CopyTruth("split_metadata", batch * 4, False),)
+    n_graph = len(sched.kernels) if mode == "graph" else 0
+    summary = GenerateSummary(
+        path=str(out_path), mode=mode, steps=steps, ranks=ranks, batch=batch, seed=seed,
+        faults=tuple(faults), cuda_graph_trace=cuda_graph_trace,
+        kernels_per_step=len(sched.kernels) + 1, graph_kernels_per_step=n_graph,
+        step_kernel_counts=names, step_short_counts=dict(shorts),
+        step_group_counts=sched.counts_by_group(),
+        graph_launches_per_step=(2 if "split_graph" in faults else 1) if mode == "graph" else 0,
+        h2d_per_step=len(copies), pageable_h2d_per_step=sum(c.pageable for c in copies),
+        copies_per_step=copies,
+        launch_calls_per_step=1 if mode == "graph" else len(sched.kernels) + 1,
+        prefill_kernels=prefill_kernels, warmup_kernels=warmup_kernels,
+        capture_nodes=rks[0].capture_nodes, injected_gaps=injected, step_truth=truth_steps,
+        pids=tuple(rs.pid for rs in rks), devices=tuple(rs.device for rs in rks),
+        main_stream=STREAM_MAIN, alt_stream=STREAM_ALT, slow_rank=slow_rank,
+        slow_factor=slow_factor if slow_rank is not None else 1.0,
+        rows=dict(writer.rows_written), elapsed_s=time.perf_counter() - t_begin)
+    return summary
+
+
+def _collect_graph_execs(rs: _Rank) -> None:
+    for row in rs.graph_events:
+        if row[2] == EC_GRAPHEXEC_CREATE:
+            rs.graph_execs[row[5]] = row[7]
+
+
+def _step_truth(rs: _Rank, p: _PassRecord) -> StepTruth:
+    start = min(o.start for o in p.copies)
+    end = p.sampling.end
+    max_gap, n_over, _ = _merged_gaps(p.ops, start, end)
+    return StepTruth(rs.rank, p.step, start, end, sum(1 for o in p.ops if o.kind == "k"),
+                     len(p.copies), tuple(p.launches), p.sampling.corr, max_gap, n_over)
+
+
+def _injected(rs: _Rank, p: _PassRecord) -> list[InjectedGap]:
+    out = []
+    for op in p.ops:
+        if op.tag and op.tag[0] == "gap":
+            layer, name, extra = op.tag[2]
+            prev_end = max(o.end for o in p.ops if o.start < op.start)
+            out.append(InjectedGap(rs.rank, p.step, layer, name, op.kt.name, extra, prev_end,
+                                   op.start))
+    return out
+
+
+def _write_static_tables(cfg: _Config, rks: list[_Rank]) -> None:
+    w = cfg.writer
+    era = w.era
+    last = max(rs.t for rs in rks) + 50_000_000
+    start_time = T0
+    graph_mode = cfg.mode == "graph"
+    w.write_meta("META_DATA_EXPORT", [
+        ("EXPORT_PRODUCT_NAME", "NVIDIA Nsight Systems"),
+        ("EXPORT_PRODUCT_VERSION", era.product_version),
+        ("EXPORT_PRODUCT_DATE", era.product_date),
+        ("EXPORT_SCHEMA_VERSION", era.schema_version),
+        ("EXPORT_SCHEMA_VERSION_MAJOR", era.schema_version.split(".")[0]),
+        ("EXPORT_SCHEMA_VERSION_MINOR", era.schema_version.split(".")[1]),
+        ("EXPORT_SCHEMA_VERSION_MICRO", era.schema_version.split(".")[2]),
+        ("EXPORT_PLATFORM", "linux-desktop"),
+        ("EXPORT_ARCH", "x64"),
+        ("EXPORT_TIME_UTC", "2026-06-01T08:00:00"),
+        ("EXPORT_TIME_LOCAL", "2026-06-01T08:00:00 +0000 UTC"),
+        ("EXPORT_HOST", "nsys-ledger-synth"),
+        ("EXPORT_USER", "synth"),
+        ("EXPORT_PARAM_EXPORT_TYPE", "SQLite"),
+        ("EXPORT_PARAM_INPUT_FILE", "nsys-ledger-synth"),
+        ("EXPORT_PARAM_OUTPUT_FILE", Path(w.path).name),
+        ("EXPORT_PARAM_OVERWRITE", "true"),
+        ("EXPORT_PARAM_APPEND", "false"),
+        ("EXPORT_PARAM_LAZY", "true"),
+        ("EXPORT_PARAM_TIME_NORMALIZE", "false"),
+        ("EXPORT_PARAM_TIME_SHIFT", "0"),
+        ("EXPORT_CONFIG_TIME_SHIFT", "0"),
+        ("DERIVED_FROM", "reference schedule glm-5.3 decode (nsys_ledger.synth.schedule)"),
+        ("DERIVED_BY", "nsys_ledger.synth.generate: SYNTHETIC trace, not a capture "
+                       f"(mode={cfg.mode}, steps={cfg.steps}, ranks={cfg.ranks}, "
+                       f"batch={cfg.batch}, seed={cfg.seed}, "
+                       f"faults={','.join(sorted(cfg.faults))})"),
+    ])
+    gmode = ("Graph" if cfg.cuda_graph_trace == "graph" else "Node") if graph_mode else "Node"
+    cap = [("DEVICE_ID", "Local (CLI)"), ("CAPTURE_EVENT_TYPE", "NvtxEvents"),
+           ("CAPTURE_EVENT_TYPE", "Cuda"), ("RATE_HZ", "0"), ("START_TRIGGER", "Immediate"),
+           ("STOP_TRIGGER", "Delayed"), ("DEVICE_TYPE", "Unix"),
+           ("DEVICE_DISPLAY_NAME", "nsys-ledger-synth")]
+    cap += [(k, gmode) for k in era.graph_mode_keys]
+    args = ["-m", "sglang.launch_server", "--model-path", "zai-org/GLM-5.3-FP8", "--tp", "8",
+            "--ep", "8", "--moe-a2a-backend", "deepep", "--kv-cache-dtype", "fp8_e4m3",
+            "--enable-layerwise-nvtx-marker"]
+    if not graph_mode:
+        args.append("--disable-cuda-graph")
+    cap += [("CUDA_TRACE_SCOPE", "ProcessTree"), ("PROCESS_0:HOW_TO_ATTACH", "LaunchAnother"),
+            ("PROCESS_0:COMMAND", "python3")]
+    cap += [(f"PROCESS_0:ARGUMENT_{i}", a) for i, a in enumerate(args)]
+    cap += [("PROCESS_0:COLLECT_NVTX_TRACE", "true"), ("PROCESS_0:COLLECT_CUDA_TRACE", "true"),
+            ("TRACE_AFTER_FORK_BEFORE_EXEC", "true"),
+            ("RUN_DURATION_MS", str((last - start_time) // 1_000_000))]
+    w.write_meta("META_DATA_CAPTURE", cap)
+    w.insert("ANALYSIS_DETAILS", ("globalVid", "duration", "startTime", "stopTime"),
+             [(VM_BITS, last - start_time, start_time, last)])
+    w.insert("TARGET_INFO_SESSION_START_TIME",
+             ("utcEpochNs", "utcTime", "localTime", "systemClockNs"),
+             [(1_780_300_800_000_000_000, "2026-06-01T08:00:00", "2026-06-01T08:00:00",
+               start_time)])
+    launcher = PID_BASE - 3
+    procs = [(VM_BITS | (launcher << 24), launcher, "python3")]
+    procs += [(rs.gpid, rs.pid, f"sglang::scheduler_TP{rs.rank}") for rs in rks]
+    w.insert("PROCESSES", ("globalPid", "pid", "name"), procs)
+    tn = [(cfg.sid("python3"), 20, VM_BITS | (launcher << 24) | launcher)]
+    for rs in rks:
+        for off, name in ((0, "sglang::schedul"), (5, "[NSys]"), (6, "[NSys Comms]"),
+                          (9, "cuda00001800007"), (11, "CUPTI worker th"),
+                          (13, "cuda-EvtHandlr"), (21, "python3"), (27, "pt_nccl_watchdg")):
+            tn.append((cfg.sid(name), 20, rs.gpid | (rs.pid + off)))
+    w.insert("ThreadNames", ("nameId", "priority", "globalTid"), tn)
+    streams = []
+    for rs in rks:
+        for sid, prio, flag in ((STREAM_NULL, 0, 3), (STREAM_POOL, 0, 1), (STREAM_MAIN, 0, 2),
+                                (STREAM_ALT, 0, 2), (28, 4294967295, 2), (32, 4294967295, 2)):
+            streams.append((sid, 0, 1, rs.pid, rs.ctx, prio, flag))
+    w.insert("TARGET_INFO_CUDA_STREAM",
+             ("streamId", "hwId", "vmId", "processId", "contextId", "priority", "flag"), streams)
+    gpus = []
+    for rs in rks:
+        gpus.append((VM_BITS, rs.device, "NVIDIA H200", f"0000:{0x18 + 0x11 * rs.device:02x}:00.0",
+                     1, 52_428_800, 150_754_820_096, 4_800_000_000_000, 1_980_000_000, 132, 0,
+                     f"5f1c{rs.device:04x}-3a2e-9c41-77d0-8e2b6a41c0{rs.device:02x}", 0, "GH100",
+                     rs.device, None, None, 161, 0, 65_536, 4, 65_536, 49_152, 232_448,
+                     233_472, 65_536, 32, 5, 64, 32, 1_024, 1_024, 1_024, 64, 2_147_483_647,
+                     65_535, 65_535, 9, 0, 9, 0))
+    gpu_cols = ("vmId", "id", "name", "busLocation", "isDiscrete", "l2CacheSize", "totalMemory",
+                "memoryBandwidth", "clockRate", "smCount", "pwGpuId", "uuid", "luid", "chipName",
+                "cuDevice", "ctxswDevPath", "ctrlDevPath", "revision", "nodeMask",
+                "constantMemory", "maxIPC", "maxRegistersPerBlock", "maxShmemPerBlock",
+                "maxShmemPerBlockOptin", "maxShmemPerSm", "maxRegistersPerSm", "threadsPerWarp",
+                "asyncEngines", "maxWarpsPerSm", "maxBlocksPerSm", "maxThreadsPerBlock",
+                "maxBlockDimX", "maxBlockDimY", "maxBlockDimZ", "maxGridDimX", "maxGridDimY",
+                "maxGridDimZ", "computeMajor", "computeMinor", "smMajor", "smMinor")
+    w.insert("TARGET_INFO_GPU", gpu_cols, gpus)
+    w.insert("TARGET_INFO_CUDA_DEVICE", ("gpuId", "cudaId", "pid"),
+             [(rs.device, rs.device, rs.pid) for rs in rks])
+    w.insert("TARGET_INFO_CUDA_CONTEXT_INFO",
+             ("nullStreamId", "hwId", "vmId", "processId", "deviceId", "contextId",
+              "parentContextId", "isGreenContext"),
+             [(STREAM_NULL, 0, 1, rs.pid, rs.device, rs.ctx, 0, 0) for rs in rks])

@@ -1,0 +1,104 @@
+"""Regenerate the bundled synthetic traces (sample_traces/).
+
+    python -m nsys_ledger.synth.samples sample_traces/
+
+Each file is a small (4 decode steps, < 5 MB) synthetic nsys 2026.2 export of SGLang GLM-5.3
+decode; `manifest.json` next to them records the generator's truth for each file (kernels per
+step, per-name counts, injected gaps, H2D copies per step, ...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from nsys_ledger.synth.generate import generate
+
+MAX_BYTES = 5_000_000
+STEPS = 4
+SEED = 0
+
+SAMPLES: dict[str, dict] = {
+    "glm5-graph-healthy.sqlite": {"mode": "graph"},
+    "glm5-eager-healthy.sqlite": {"mode": "eager", "step_nvtx": True},
+    "glm5-graph-broken-fusion.sqlite": {"faults": ("broken_fusion",)},
+    "glm5-graph-chunked-indexer.sqlite": {"faults": ("chunked_indexer",)},
+    "glm5-graph-extra-gaps.sqlite": {"faults": ("extra_gaps",)},
+    "glm5-graph-extra-h2d.sqlite": {"faults": ("extra_h2d",)},
+    "glm5-graph-split-graph.sqlite": {"faults": ("split_graph",)},
+    "glm5-graph-layer41.sqlite": {"faults": ("layer_fault",)},
+    "glm5-graph-pageable-h2d.sqlite": {"faults": ("pageable_h2d",)},
+    # two processes in one file: 3 steps keep it under the size budget
+    "glm5-graph-2ranks-slow-rank1.sqlite": {"ranks": 2, "slow_rank": 1, "slow_factor": 1.2,
+                                            "steps": 3},
+}
+
+
+def _manifest_entry(summary, kwargs: dict, size: int) -> dict:
+    return {
+        "generate_kwargs": {"steps": STEPS, "seed": SEED,
+                            **{k: list(v) if isinstance(v, tuple) else v
+                               for k, v in kwargs.items()}},
+        "bytes": size,
+        "mode": summary.mode,
+        "ranks": summary.ranks,
+        "faults": list(summary.faults),
+        "kernels_per_step": summary.kernels_per_step,
+        "graph_kernels_per_step": summary.graph_kernels_per_step,
+        "graph_launches_per_step": summary.graph_launches_per_step,
+        "h2d_per_step": summary.h2d_per_step,
+        "pageable_h2d_per_step": summary.pageable_h2d_per_step,
+        "step_group_counts": summary.step_group_counts,
+        "step_short_counts": summary.step_short_counts,
+        "step_kernel_counts": summary.step_kernel_counts,
+        "injected_gaps": [
+            {"rank": g.rank, "step": g.step, "layer": g.layer, "op": g.op,
+             "planned_ns": g.planned_ns, "idle_start": g.idle_start, "idle_end": g.idle_end}
+            for g in summary.injected_gaps],
+        "steps": [
+            {"rank": t.rank, "index": t.index, "start": t.start, "end": t.end,
+             "kernels": t.kernels, "h2d": t.h2d, "max_gap_ns": t.max_gap_ns,
+             "gaps_over_2us": t.gaps_over_threshold,
+             "graph_launch_correlation_ids": list(t.graph_launch_correlation_ids)}
+            for t in summary.step_truth],
+        "pids": list(summary.pids),
+    }
+
+
+def build(outdir: str | Path, *, only: list[str] | None = None, verbose: bool = True) -> dict:
+    out = Path(outdir)
+    out.mkdir(parents=True, exist_ok=True)
+    manifest: dict[str, dict] = {}
+    mpath = out / "manifest.json"
+    if only and mpath.exists():
+        manifest = json.loads(mpath.read_text())
+    for name, kwargs in SAMPLES.items():
+        if only and name not in only:
+            continue
+        t = time.perf_counter()
+        s = generate(out / name, **{"steps": STEPS, "seed": SEED, "vacuum": True, **kwargs})
+        size = (out / name).stat().st_size
+        if size >= MAX_BYTES:
+            raise RuntimeError(f"{name} is {size} bytes, over the {MAX_BYTES} byte budget")
+        manifest[name] = _manifest_entry(s, kwargs, size)
+        if verbose:
+            print(f"{name:42s} {size / 1e6:6.2f} MB  {s.kernels_per_step} kernels/step  "
+                  f"{time.perf_counter() - t:5.2f} s")
+    mpath.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    return manifest
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("outdir", nargs="?", default="sample_traces")
+    ap.add_argument("--only", nargs="*", help="regenerate only these file names")
+    args = ap.parse_args(argv)
+    build(args.outdir, only=args.only)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

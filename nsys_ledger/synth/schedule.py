@@ -1,0 +1,707 @@
+"""The reference GLM-5.3 schedules (decode and prefill) as data.
+
+This is the generator's own statement of what SGLang launches for one forward pass of GLM-5.3
+(78 layers, TP8 + EP8, FP8 block weights, FP8 KV cache, DSA indexer on 21 full layers,
+`flashmla_kv` decode backend, fused top-k, DeepEP low-latency MoE), written from
+/work/shared/reference/glm-decode-ledger.md and the seed article. It is deliberately NOT derived
+from the expectation file (see ARCHITECTURE.md): the checker judges the generator's output
+against the expectations, and two artifacts written from the same seed catch each other.
+
+Kernel names are written the way nsys 2026 demangles them (its own demangler, not c++filt):
+integral template arguments appear as `(unsigned int)2624`, `(int)64`, `(bool)0`, parameters
+that use a template parameter are printed as `T2 *`, pointers with a space before `*`.
+This is what the real 2026.2 export in /work/shared/real_traces shows, e.g.
+`void at::native::vectorized_gather_kernel<(int)16, long>(char *, char *, T2 *, int, ...)`.
+A regex written against c++filt output (`2624u`) will not match these names.
+
+Per decode pass (batch 32), healthy:
+  attention   14 x 78 = 1092  (sparse MLA = split-KV kernel + combine kernel, query absorption
+                               = one cuBLAS batched GEMM, no page-table kernel: top-k is fused)
+  indexer      7 x 21 =  147
+  MoE          8 x 75 =  600
+  DeepEP       2 x 75 =  150
+  dense MLP    3 x  3 =    9
+  outside              =    4  (embedding, final norm, LM head in the graph; sampling eager)
+  total                = 2002
+Layer 0 has no residual yet, so its input norm is a plain RMSNormKernel (as in SGLang); the
+final norm `model.model.norm` is a fused add + RMSNorm. FusedAddRMSNormKernel still counts
+156 per pass (77 input norms + 78 post-attention norms + the final norm).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field, replace
+
+# --------------------------------------------------------------------------------------------
+# Model facts
+# --------------------------------------------------------------------------------------------
+NUM_LAYERS = 78
+DENSE_LAYERS = (0, 1, 2)
+MOE_LAYERS = tuple(range(3, NUM_LAYERS))
+FULL_INDEXER_LAYERS = (0, 1, 2) + tuple(range(6, 75, 4))  # 21 layers: 0, 1, 2, 6, 10, ..., 74
+assert len(FULL_INDEXER_LAYERS) == 21 and len(MOE_LAYERS) == 75
+
+HIDDEN = 6144
+TP = 8
+SPLIT_GRAPH_LAYER = 39  # "split_graph": the second graph starts at this layer
+FAULT_LAYER = 41  # "layer_fault": this layer gets one extra kernel
+
+# Launch APIs as nsys names them in CUPTI_ACTIVITY_KIND_RUNTIME (runtime calls carry the
+# `_vNNNNN` suffix, driver calls do not).
+RT_LAUNCH = "cudaLaunchKernel_v7000"
+RT_LAUNCH_EX = "cudaLaunchKernelExC_v11060"
+DRV_LAUNCH_EX = "cuLaunchKernelEx"
+LAUNCH_APIS = (RT_LAUNCH, RT_LAUNCH_EX, DRV_LAUNCH_EX)
+
+
+def _pseudo_mangled(name: str) -> str:
+    """A mangled-looking name: `_Z` + the nested qualified name. C-style names stay as they are.
+
+    nsys stores the raw mangled name next to the demangled one; generating exact Itanium
+    manglings of these templates is not worth it, so synthetic exports carry this simplified
+    form (qualified name only, `v` for the parameter list)."""
+    if not name.startswith("void "):
+        return name
+    qual = name[5:].split("<", 1)[0].split("(", 1)[0]
+    parts = [p if p != "<unnamed>" else "_GLOBAL__N_1" for p in qual.split("::")]
+    if len(parts) == 1:
+        return f"_Z{len(parts[0])}{parts[0]}v"
+    return "_ZN" + "".join(f"{len(p)}{p}" for p in parts) + "Ev"
+
+
+@dataclass(frozen=True)
+class KernelType:
+    """One distinct GPU kernel (one demangled name) with its launch configuration."""
+
+    key: str
+    name: str  # demangledName, nsys 2026 style
+    short: str  # shortName
+    api: str  # launch API name (CUPTI_ACTIVITY_KIND_RUNTIME nameId value)
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    regs: int
+    static_smem: int = 0
+    dyn_smem: int = 0
+    cluster: tuple[int, int, int] = (0, 0, 0)
+    collective: bool = False  # waits for its peers on the other ranks
+    mangled: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.mangled:
+            object.__setattr__(self, "mangled", _pseudo_mangled(self.name))
+
+    @property
+    def event_class(self) -> int:
+        """0 for runtime API launches, 1 for driver API launches (ENUM_NSYS_EVENT_CLASS)."""
+        return 1 if self.api.startswith("cu") and not self.api.startswith("cuda") else 0
+
+
+def _u(*vals: int) -> str:
+    return ", ".join(f"(unsigned int){v}" for v in vals)
+
+
+def _deepgemm(key: str, gemm_type: int, n: int, k: int, *, groups: int = 1, block_m: int = 64,
+              block_n: int = 128, stages: int = 8, grid: int = 132) -> KernelType:
+    """DeepGEMM FP8 1D2D GEMM (sm90). Template: GemmType, SHAPE_M (0: runtime), SHAPE_N,
+    SHAPE_K, BLOCK_M, BLOCK_N, BLOCK_K, kNumGroups, stages, last stages, TMA threads, math
+    threads, TMA multicast, multicast on A, epilogue."""
+    name = (
+        "void deep_gemm::sm90_fp8_gemm_1d2d_impl<(deep_gemm::GemmType)%d, %s, (bool)0, "
+        "deep_gemm::EpilogueIdentity>(float *, int *, unsigned int, unsigned int, unsigned int, "
+        "CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap)"
+        % (gemm_type, _u(0, n, k, block_m, block_n, 128, groups, stages, 0, 128, 256, 1))
+    )
+    return KernelType(key, name, "sm90_fp8_gemm_1d2d_impl", DRV_LAUNCH_EX, (grid, 1, 1),
+                      (384, 1, 1), 168, 0, 205_856, cluster=(1, 1, 1))
+
+
+_K: dict[str, KernelType] = {}
+
+
+def _reg(kt: KernelType) -> KernelType:
+    assert kt.key not in _K, kt.key
+    _K[kt.key] = kt
+    return kt
+
+
+# ---- norms (flashinfer via sgl-kernel) -----------------------------------------------------
+FUSED_ADD_RMSNORM = _reg(KernelType(
+    "fused_add_rmsnorm",
+    "void flashinfer::norm::FusedAddRMSNormKernel<(unsigned int)8, __nv_bfloat16>"
+    "(T2 *, T2 *, T2 *, unsigned int, unsigned int, unsigned int, float, float)",
+    "FusedAddRMSNormKernel", RT_LAUNCH_EX, (32, 1, 1), (32, 24, 1), 40, 0, 24_672))
+RMSNORM = _reg(KernelType(
+    "rmsnorm",
+    "void flashinfer::norm::RMSNormKernel<(unsigned int)8, __nv_bfloat16>"
+    "(T2 *, T2 *, T2 *, unsigned int, unsigned int, unsigned int, unsigned int, float, float)",
+    "RMSNormKernel", RT_LAUNCH_EX, (32, 1, 1), (32, 8, 1), 32, 0, 0))
+LAYERNORM = _reg(KernelType(
+    "layernorm",
+    "void at::native::<unnamed>::vectorized_layer_norm_kernel<c10::BFloat16, float, (bool)0>"
+    "(int, T2, const T1 *, const T1 *, const T1 *, T2 *, T2 *, T1 *)",
+    "vectorized_layer_norm_kernel", RT_LAUNCH, (32, 1, 1), (32, 4, 1), 38))
+
+# ---- GEMMs -----------------------------------------------------------------------------------
+QKV_A_GEMM = _reg(_deepgemm("gemm_qkv_a", 0, 2624, 6144, grid=21))
+Q_B_GEMM = _reg(_deepgemm("gemm_q_b", 0, 2048, 2048, grid=16))
+O_PROJ_GEMM = _reg(_deepgemm("gemm_o_proj", 0, 6144, 2048, grid=48))
+WQ_B_GEMM = _reg(_deepgemm("gemm_indexer_wq_b", 0, 4096, 2048, grid=32))
+SHARED_GATE_UP_GEMM = _reg(_deepgemm("gemm_shared_gate_up", 0, 512, 6144, grid=4))
+SHARED_DOWN_GEMM = _reg(_deepgemm("gemm_shared_down", 0, 6144, 256, grid=48, stages=4))
+DENSE_GATE_UP_GEMM = _reg(_deepgemm("gemm_dense_gate_up", 0, 3072, 6144, grid=24))
+DENSE_DOWN_GEMM = _reg(_deepgemm("gemm_dense_down", 0, 6144, 1536, grid=48))
+# routed experts under DeepEP low latency: masked grouped GEMM over the 32 local experts
+MOE_GATE_UP_MASKED = _reg(_deepgemm("gemm_moe_gate_up_masked", 2, 4096, 6144, groups=32,
+                                    grid=132))
+MOE_DOWN_MASKED = _reg(_deepgemm("gemm_moe_down_masked", 2, 6144, 2048, groups=32, grid=132))
+# prefill: contiguous grouped GEMM
+MOE_GATE_UP_CONTIG = _reg(_deepgemm("gemm_moe_gate_up_contig", 1, 4096, 6144, groups=32,
+                                    block_m=128, grid=132))
+MOE_DOWN_CONTIG = _reg(_deepgemm("gemm_moe_down_contig", 1, 6144, 2048, groups=32,
+                                 block_m=128, grid=132))
+
+# cuBLAS (C-style kernel names: demangled == short == mangled)
+_NVJET_Q_ABSORB = "nvjet_tst_64x32_64x16_4x1_v_bz_TNT"
+_NVJET_O_ABSORB = "nvjet_tst_64x64_64x8_2x1_v_bz_NNT"
+_NVJET_WK = "nvjet_tst_64x8_64x16_2x1_v_bz_splitK_TNT"
+_NVJET_LM_HEAD = "nvjet_tst_128x256_64x4_2x1_v_bz_coopA_TNT"
+_CUBLAS_ROUTER = ("sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize32x32x8_stage3_warpsize1x2x1_"
+                  "ffma_aligna4_alignc4_execute_kernel__5x_cublas")
+Q_ABSORB_BMM = _reg(KernelType("bmm_q_absorb", _NVJET_Q_ABSORB, _NVJET_Q_ABSORB, RT_LAUNCH,
+                               (4, 1, 8), (128, 1, 1), 168, 0, 49_152))
+O_ABSORB_BMM = _reg(KernelType("bmm_o_absorb", _NVJET_O_ABSORB, _NVJET_O_ABSORB, RT_LAUNCH,
+                               (4, 1, 8), (128, 1, 1), 168, 0, 65_536))
+INDEXER_WK_GEMM = _reg(KernelType("gemm_indexer_wk_weights", _NVJET_WK, _NVJET_WK, RT_LAUNCH,
+                                  (3, 1, 8), (128, 1, 1), 154, 0, 98_304))
+LM_HEAD_GEMM = _reg(KernelType("gemm_lm_head", _NVJET_LM_HEAD, _NVJET_LM_HEAD, RT_LAUNCH,
+                               (76, 1, 1), (384, 1, 1), 168, 0, 213_248, cluster=(2, 1, 1)))
+ROUTER_GEMM = _reg(KernelType("gemm_router", _CUBLAS_ROUTER, _CUBLAS_ROUTER, RT_LAUNCH,
+                              (8, 1, 12), (64, 1, 1), 126, 0, 16_896))
+
+# ---- attention -------------------------------------------------------------------------------
+ROPE = _reg(KernelType(
+    "rope",
+    "void flashinfer::BatchQKApplyRotaryPosIdsCosSinCacheHeadParallelismKernel<(bool)0, "
+    "(unsigned int)64, (unsigned int)8, (unsigned int)16, __nv_bfloat16, long>(T5 *, T5 *, T5 *, "
+    "T5 *, float *, T6 *, unsigned int, unsigned int, unsigned int, unsigned int, unsigned long, "
+    "unsigned long, unsigned long, unsigned long, unsigned long, unsigned long, unsigned long, "
+    "unsigned long)",
+    "BatchQKApplyRotaryPosIdsCosSinCacheHeadParallelismKernel", RT_LAUNCH_EX, (32, 9, 1),
+    (8, 16, 1), 40))
+KV_WRITE = _reg(KernelType("set_mla_kv_buffer", "set_mla_kv_buffer_kernel",
+                           "set_mla_kv_buffer_kernel", DRV_LAUNCH_EX, (32, 1, 1), (128, 1, 1), 24))
+SPARSE_MLA_DECODE = _reg(KernelType(
+    "sparse_mla_decode",
+    "void sm90::decode::sparse_fp8::flash_fwd_splitkv_mla_fp8_sparse_kernel<cutlass::bfloat16_t, "
+    "(int)64, (int)512, (int)576, (int)2048>(flash::DecodingParams, "
+    "sm90::decode::sparse_fp8::TmaParams)",
+    "flash_fwd_splitkv_mla_fp8_sparse_kernel", RT_LAUNCH_EX, (2, 1, 66), (384, 1, 1), 168, 0,
+    214_016, cluster=(1, 1, 1)))
+MLA_COMBINE = _reg(KernelType(
+    "mla_combine",
+    "void flash::flash_fwd_mla_combine_kernel<cutlass::bfloat16_t, (int)512, (int)64, (int)32>"
+    "(flash::DecodingParams)",
+    "flash_fwd_mla_combine_kernel", RT_LAUNCH_EX, (32, 1, 64), (128, 1, 1), 64, 0, 4_352))
+SPARSE_ATTN_PREFILL = _reg(KernelType(
+    "sparse_attn_prefill",
+    "void sm90::prefill::sparse::sparse_attn_fwd_kernel<(int)64, (int)512, (int)576, (bool)1>"
+    "(flash::SparseAttnFwdParams, sm90::prefill::sparse::TmaParams)",
+    "sparse_attn_fwd_kernel", RT_LAUNCH_EX, (132, 1, 1), (384, 1, 1), 168, 0, 225_280,
+    cluster=(1, 1, 1)))
+ALLREDUCE = _reg(KernelType(
+    "custom_allreduce",
+    "void sglang::cross_device_reduce_1stage<__nv_bfloat16, (int)8>(sglang::RankData *, "
+    "sglang::RankSignals, sglang::Signal *, T1 *, int, int)",
+    "cross_device_reduce_1stage", RT_LAUNCH, (36, 1, 1), (512, 1, 1), 56, collective=True))
+
+# ---- DSA indexer -----------------------------------------------------------------------------
+ACT_QUANT = _reg(KernelType("indexer_act_quant", "_act_quant_kernel", "_act_quant_kernel",
+                            DRV_LAUNCH_EX, (32, 32, 1), (128, 1, 1), 30))
+STORE_INDEXER_CACHE = _reg(KernelType(
+    "indexer_store_cache",
+    "void fused_store_indexer_cache_kernel<__nv_bfloat16, (int)128, (int)64>"
+    "(const T1 *, unsigned char *, const long *, int, int)",
+    "fused_store_indexer_cache_kernel", RT_LAUNCH, (32, 1, 1), (128, 1, 1), 32))
+PAGED_MQA_LOGITS = _reg(KernelType(
+    "paged_mqa_logits",
+    "void deep_gemm::sm90_fp8_paged_mqa_logits<(unsigned int)1, (unsigned int)32, "
+    "(unsigned int)128, (unsigned int)64, (bool)0, (unsigned int)4, (unsigned int)128, "
+    "(unsigned int)128>(unsigned int, unsigned long, unsigned int, unsigned int *, "
+    "const unsigned int *, float *, unsigned int, CUtensorMap, CUtensorMap, CUtensorMap, "
+    "CUtensorMap)",
+    "sm90_fp8_paged_mqa_logits", DRV_LAUNCH_EX, (132, 1, 1), (384, 1, 1), 128, 0, 196_608))
+MQA_LOGITS_PREFILL = _reg(KernelType(
+    "mqa_logits_prefill",
+    "void deep_gemm::sm90_fp8_mqa_logits<(unsigned int)32, (unsigned int)128, (unsigned int)128, "
+    "(unsigned int)4, (unsigned int)128, (unsigned int)128>(unsigned int, unsigned int, "
+    "unsigned int, unsigned int, unsigned long, unsigned int *, unsigned int *, float *, "
+    "CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap)",
+    "sm90_fp8_mqa_logits", DRV_LAUNCH_EX, (132, 1, 1), (384, 1, 1), 128, 0, 196_608))
+TOPK_DECODE = _reg(KernelType(
+    "topk_transform_decode",
+    "void <unnamed>::topk_transform_decode_kernel<(int)2048>(const float *, int *, const int *, "
+    "const int *, int, int)",
+    "topk_transform_decode_kernel", RT_LAUNCH, (32, 1, 1), (1024, 1, 1), 64, 32_768))
+TOPK_PREFILL = _reg(KernelType(
+    "topk_transform_prefill",
+    "void <unnamed>::topk_transform_prefill_kernel<(int)2048>(const float *, int *, const int *, "
+    "const int *, const int *, int, int)",
+    "topk_transform_prefill_kernel", RT_LAUNCH, (4096, 1, 1), (1024, 1, 1), 64, 32_768))
+
+# ---- MoE -------------------------------------------------------------------------------------
+MOE_TOPK = _reg(KernelType(
+    "deepseek_v3_topk",
+    "void deepseek_v3_topk_kernel<float, (int)256, (int)8, (int)4>(const T1 *, const T1 *, T1 *, "
+    "int *, int, int, float)",
+    "deepseek_v3_topk_kernel", RT_LAUNCH, (32, 1, 1), (256, 1, 1), 40))
+GROUP_QUANT = _reg(KernelType(
+    "per_token_group_quant",
+    "void per_token_group_quant_8bit_kernel<__nv_bfloat16, c10::Float8_e4m3fn, (bool)0, (bool)0>"
+    "(const T1 *, void *, float *, int, int, float, float, float, int, int)",
+    "per_token_group_quant_8bit_kernel", RT_LAUNCH, (96, 1, 1), (256, 1, 1), 30))
+DEEPEP_DISPATCH = _reg(KernelType(
+    "deepep_dispatch",
+    "void deep_ep::internode_ll::dispatch<(bool)1, (int)3, (int)6144>(void *, float *, int *, "
+    "long *, void *, int *, void *, int *, long *, const void *, const long *, int *, int *, int, "
+    "int, int, int, int, int, int, int, int, int, bool)",
+    "dispatch", RT_LAUNCH_EX, (132, 1, 1), (960, 1, 1), 80, collective=True))
+DEEPEP_COMBINE = _reg(KernelType(
+    "deepep_combine",
+    "void deep_ep::internode_ll::combine<(int)3, (int)6144, (int)1024>(void *, void *, int *, "
+    "void *, const void *, const long *, const int *, const long *, int *, int *, void *, int, "
+    "int, int, int, int, int, int, int, bool)",
+    "combine", RT_LAUNCH_EX, (132, 1, 1), (960, 1, 1), 96, collective=True))
+DEEPEP_DISPATCH_NORMAL = _reg(KernelType(
+    "deepep_dispatch_normal",
+    "void deep_ep::intranode::dispatch<(int)8, (int)768, (int)8192>(int4 *, float *, long *, "
+    "float *, int *, int *, const int4 *, const float *, const long *, const float *, "
+    "const bool *, const int *, int, int, int, int, int, int, int, int, void **, int, int, int)",
+    "dispatch", RT_LAUNCH_EX, (24, 1, 1), (768, 1, 1), 96, collective=True))
+DEEPEP_COMBINE_NORMAL = _reg(KernelType(
+    "deepep_combine_normal",
+    "void deep_ep::intranode::combine<__nv_bfloat16, (int)8, (int)768, (int)4096>(T1 *, float *, "
+    "const T1 *, const float *, const T1 *, const T1 *, const int *, const int *, const int *, "
+    "int, int, int, int, void **, int, int, int)",
+    "combine", RT_LAUNCH_EX, (24, 1, 1), (768, 1, 1), 96, collective=True))
+MOE_SUM_REDUCE = _reg(KernelType(
+    "moe_sum_reduce",
+    "void moe_sum_reduce_kernel<__nv_bfloat16, (int)2>(const T1 *, T1 *, long, long, long, long, "
+    "long, long, double)",
+    "moe_sum_reduce_kernel", RT_LAUNCH, (32, 1, 1), (256, 1, 1), 32))
+ACT_AND_MUL = _reg(KernelType(
+    "act_and_mul",
+    "void flashinfer::activation::act_and_mul_kernel<__nv_bfloat16, &silu>(T1 *, const T1 *, int)",
+    "act_and_mul_kernel", RT_LAUNCH_EX, (32, 1, 1), (1024, 1, 1), 28))
+
+# ---- outside the layers ----------------------------------------------------------------------
+EMBEDDING = _reg(KernelType(
+    "embedding",
+    "void at::native::<unnamed>::indexSelectSmallIndex<c10::BFloat16, long, unsigned int, (int)2, "
+    "(int)2, (int)-2>(at::cuda::detail::TensorInfo<T1, T3>, at::cuda::detail::TensorInfo<const "
+    "T1, T3>, at::cuda::detail::TensorInfo<const T2, T3>, int, int, T3, long)",
+    "indexSelectSmallIndex", RT_LAUNCH, (128, 1, 1), (128, 1, 1), 30))
+SAMPLING = _reg(KernelType(
+    "sampling",
+    "void flashinfer::sampling::TopKTopPSamplingFromProbKernel<(unsigned int)1024, "
+    "(cub::CUB_200800_900_NS::BlockScanAlgorithm)2, (cub::CUB_200800_900_NS::BlockReduceAlgorithm)"
+    "2, (unsigned int)4, (bool)0, float, int>(T6 *, T7 *, T7 *, T7 *, T6 *, T7 *, T6 *, "
+    "unsigned int, unsigned long, unsigned long)",
+    "TopKTopPSamplingFromProbKernel", RT_LAUNCH_EX, (32, 1, 1), (1024, 1, 1), 64, 0, 30_720))
+
+# ---- fault-only kernel -----------------------------------------------------------------------
+STRAY_COPY = _reg(KernelType(
+    "stray_copy",
+    "void at::native::elementwise_kernel<(int)128, (int)2, void at::native::gpu_kernel_impl_nocast"
+    "<at::native::direct_copy_kernel_cuda(at::TensorIteratorBase &)::[lambda() (instance 3)]::"
+    "operator ()() const::[lambda() (instance 7)]::operator ()() const::[lambda(c10::BFloat16) "
+    "(instance 1)]>(at::TensorIteratorBase &, const T1 &)::[lambda(int) (instance 1)]>(int, T3)",
+    "elementwise_kernel", RT_LAUNCH, (384, 1, 1), (128, 1, 1), 18))
+
+KERNEL_TYPES: dict[str, KernelType] = dict(_K)
+
+# --------------------------------------------------------------------------------------------
+# Cost model: decode durations at batch 32 (µs) on one H200 rank, and how they move with batch.
+# Bandwidth: 4.8 TB/s. MoE routed weights: 32 local experts x 3 x 6144 x 2048 B = 1.21 GB per
+# layer, ~250 µs per layer, ~19 ms over 75 layers (the seed's number). Indexer logits at 128K
+# context: 131072 x 132 B = 17.3 MB -> 3.6 µs. Small kernels: a few µs.
+# Each entry: (µs at batch 32, batch elasticity: 0 = flat (weight bound), 1 = linear in batch).
+# --------------------------------------------------------------------------------------------
+DECODE_COST_US: dict[str, tuple[float, float]] = {
+    "fused_add_rmsnorm": (3.0, 0.5),
+    "rmsnorm": (2.3, 0.5),
+    "layernorm": (2.1, 0.5),
+    "gemm_qkv_a": (7.6, 0.1),
+    "gemm_q_b": (4.4, 0.1),
+    "gemm_o_proj": (5.8, 0.1),
+    "gemm_indexer_wq_b": (4.6, 0.1),
+    "gemm_shared_gate_up": (3.6, 0.1),
+    "gemm_shared_down": (2.9, 0.1),
+    "gemm_dense_gate_up": (6.4, 0.1),
+    "gemm_dense_down": (4.7, 0.1),
+    "gemm_moe_gate_up_masked": (166.0, 0.05),
+    "gemm_moe_down_masked": (86.0, 0.05),
+    "bmm_q_absorb": (4.1, 0.3),
+    "bmm_o_absorb": (3.6, 0.3),
+    "gemm_indexer_wk_weights": (3.2, 0.1),
+    "gemm_lm_head": (52.0, 0.1),
+    "gemm_router": (4.2, 0.2),
+    "rope": (2.2, 0.5),
+    "set_mla_kv_buffer": (2.0, 0.5),
+    "sparse_mla_decode": (10.2, 0.8),
+    "mla_combine": (2.6, 0.6),
+    "custom_allreduce": (6.1, 0.4),
+    "indexer_act_quant": (2.0, 0.5),
+    "indexer_store_cache": (2.2, 0.5),
+    "paged_mqa_logits": (3.6, 0.9),
+    "topk_transform_decode": (7.8, 0.8),
+    "deepseek_v3_topk": (3.1, 0.4),
+    "per_token_group_quant": (2.5, 0.5),
+    "deepep_dispatch": (18.0, 0.3),
+    "deepep_combine": (22.0, 0.3),
+    "moe_sum_reduce": (2.4, 0.5),
+    "act_and_mul": (2.2, 0.5),
+    "embedding": (2.0, 0.5),
+    "sampling": (31.0, 0.5),
+    "stray_copy": (2.8, 0.5),
+}
+# Prefill kernels (batch x PREFILL_TOKENS_PER_REQ tokens) run this many times longer than the
+# decode kernel of the same op; prefill-only kernels get their own base.
+PREFILL_TOKENS_PER_REQ = 512
+PREFILL_FACTOR = {"gemm": 9.0, "small": 24.0, "attn": 40.0, "comm": 14.0, "moe": 2.2}
+PREFILL_ONLY_US = {
+    "sparse_attn_prefill": 420.0,
+    "mqa_logits_prefill": 95.0,
+    "topk_transform_prefill": 140.0,
+    "gemm_moe_gate_up_contig": 380.0,
+    "gemm_moe_down_contig": 190.0,
+    "deepep_dispatch_normal": 260.0,
+    "deepep_combine_normal": 310.0,
+}
+_FAMILY = {
+    "gemm": ("gemm_", "bmm_"),
+    "attn": ("sparse_mla", "mla_combine", "paged_mqa", "topk_transform"),
+    "comm": ("custom_allreduce", "deepep"),
+}
+
+
+def _family(key: str) -> str:
+    if key.startswith("gemm_moe"):
+        return "moe"
+    for fam, prefixes in _FAMILY.items():
+        if key.startswith(prefixes):
+            return fam
+    return "small"
+
+
+def decode_cost_ns(key: str, batch: int) -> int:
+    base, elasticity = DECODE_COST_US[key]
+    scale = 1.0 + elasticity * (batch / 32.0 - 1.0)
+    return max(800, int(round(base * max(scale, 0.25) * 1000)))
+
+
+def prefill_cost_ns(key: str, batch: int) -> int:
+    if key in PREFILL_ONLY_US:
+        return int(PREFILL_ONLY_US[key] * max(batch / 32.0, 0.25) * 1000)
+    return int(decode_cost_ns(key, batch) * PREFILL_FACTOR[_family(key)] * max(batch / 32.0, 0.25))
+
+
+# --------------------------------------------------------------------------------------------
+# Module paths (SGLang --enable-layerwise-nvtx-marker) and their marker payloads
+# --------------------------------------------------------------------------------------------
+def layer_prefix(layer: int) -> str:
+    return f"model.model.layers.{layer}"
+
+
+# direct trainable parameters of each module kind (shape lists, per rank), for the NVTX text
+_PARAMS: dict[str, dict[str, list[int]]] = {
+    "input_layernorm": {"weight": [HIDDEN]},
+    "post_attention_layernorm": {"weight": [HIDDEN]},
+    "self_attn.fused_qkv_a_proj_with_mqa": {"weight": [2624, HIDDEN], "weight_scale_inv": [21, 48]},
+    "self_attn.q_a_layernorm": {"weight": [2048]},
+    "self_attn.kv_a_layernorm": {"weight": [512]},
+    "self_attn.q_b_proj": {"weight": [2048, 2048], "weight_scale_inv": [16, 16]},
+    "self_attn.o_proj": {"weight": [HIDDEN, 2048], "weight_scale_inv": [48, 16]},
+    "self_attn.attn_mqa": {"k_scale": [], "v_scale": []},
+    "self_attn.indexer.wq_b": {"weight": [4096, 2048], "weight_scale_inv": [32, 16]},
+    "self_attn.indexer.wk": {"weight": [160, HIDDEN]},
+    "self_attn.indexer.k_norm": {"weight": [128], "bias": [128]},
+    "mlp.gate": {"weight": [256, HIDDEN], "e_score_correction_bias": [256]},
+    "mlp.experts": {"w13_weight": [32, 4096, HIDDEN], "w2_weight": [32, HIDDEN, 2048]},
+    "mlp.shared_experts.gate_up_proj": {"weight": [512, HIDDEN], "weight_scale_inv": [4, 48]},
+    "mlp.shared_experts.down_proj": {"weight": [HIDDEN, 256], "weight_scale_inv": [48, 2]},
+    "mlp.gate_up_proj": {"weight": [3072, HIDDEN], "weight_scale_inv": [24, 48]},
+    "mlp.down_proj": {"weight": [HIDDEN, 1536], "weight_scale_inv": [48, 12]},
+}
+_INPUT_WIDTH: dict[str, list[list[int]]] = {
+    "input_layernorm": [[HIDDEN], [HIDDEN]],
+    "post_attention_layernorm": [[HIDDEN], [HIDDEN]],
+    "self_attn": [[HIDDEN]],
+    "self_attn.fused_qkv_a_proj_with_mqa": [[HIDDEN]],
+    "self_attn.q_a_layernorm": [[2048]],
+    "self_attn.kv_a_layernorm": [[512]],
+    "self_attn.q_b_proj": [[2048]],
+    "self_attn.rotary_emb": [[], [8, 64], [1, 64]],
+    "self_attn.attn_mqa": [[8, 576], [1, 576], [8, 512]],
+    "self_attn.o_proj": [[2048]],
+    "self_attn.indexer": [[HIDDEN], [2048]],
+    "self_attn.indexer.wq_b": [[2048]],
+    "self_attn.indexer.wk": [[HIDDEN]],
+    "self_attn.indexer.k_norm": [[128]],
+    "mlp": [[HIDDEN]],
+    "mlp.gate": [[HIDDEN]],
+    "mlp.topk": [[HIDDEN], [256]],
+    "mlp.experts": [[HIDDEN]],
+    "mlp.shared_experts": [[HIDDEN]],
+    "mlp.shared_experts.gate_up_proj": [[HIDDEN]],
+    "mlp.shared_experts.down_proj": [[256]],
+    "mlp.gate_up_proj": [[HIDDEN]],
+    "mlp.act_fn": [[3072]],
+    "mlp.down_proj": [[1536]],
+}
+
+
+def nvtx_marker_text(module: str, tokens: int) -> str:
+    """The range text SGLang's layerwise NVTX marker pushes for `module` (a Python dict repr).
+
+    Format as seen in real SGLang DeepSeek traces: {'Module': 'model.model.layers.0.self_attn.
+    q_a_layernorm', 'TrainableParams': {'weight': [1536]}, 'Inputs': [[2048, 1536]]}."""
+    rel = module
+    if module.startswith("model.model.layers."):
+        parts = module.split(".", 4)
+        rel = parts[4] if len(parts) == 5 else "<layer>"
+    params = _PARAMS.get(rel, {})
+    if rel == "<layer>":
+        inputs: list[list[int]] = [[tokens], [tokens, HIDDEN], [tokens, HIDDEN]]
+    elif module == "model.model.embed_tokens":
+        params = {"weight": [154880 // TP, HIDDEN]}
+        inputs = [[tokens]]
+    elif module == "model.model.norm":
+        params = {"weight": [HIDDEN]}
+        inputs = [[tokens, HIDDEN], [tokens, HIDDEN]]
+    elif module in ("model", "model.model"):
+        inputs = [[tokens], [tokens]]
+    elif module == "model.logits_processor":
+        inputs = [[tokens], [tokens, HIDDEN]]
+    else:
+        inputs = [[tokens] + w if w else [tokens] for w in _INPUT_WIDTH.get(rel, [[HIDDEN]])]
+    return repr({"Module": module, "TrainableParams": params, "Inputs": inputs})
+
+
+def module_chain(module: str) -> tuple[str, ...]:
+    """The nested modules whose forward hooks are open while a kernel of `module` launches.
+
+    `model.model.layers.12.self_attn.q_a_layernorm` ->
+    (model, model.model, model.model.layers.12, model.model.layers.12.self_attn, ...q_a_layernorm).
+    `model.model.layers` itself is a ModuleList and has no forward, so no range."""
+    if not module:
+        return ()
+    parts = module.split(".")
+    chain = []
+    i = 1
+    while i <= len(parts):
+        if parts[i - 1] == "layers" and i < len(parts):
+            i += 1  # merge 'layers' with its index
+        chain.append(".".join(parts[:i]))
+        i += 1
+    return tuple(chain)
+
+
+# --------------------------------------------------------------------------------------------
+# Schedules
+# --------------------------------------------------------------------------------------------
+GROUPS = ("attention", "indexer", "moe", "deepep", "dense_mlp", "outside", "fault")
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One launch in a forward pass, in issue order."""
+
+    kernel: KernelType
+    op: str  # ledger entry, e.g. "input_norm", "indexer.logits", "moe.gate_up"
+    group: str  # one of GROUPS
+    module: str  # layerwise NVTX module path the launch happens under ('' = none)
+    layer: int | None  # decoder layer, None outside the layers
+    stream: str  # "main" or "alt" (alt only exists in CUDA-graph capture mode)
+    dur_ns: int  # mean GPU duration
+    deps: tuple[int, ...] = ()  # indices of earlier specs on the other stream this one waits on
+
+    @property
+    def name(self) -> str:
+        return self.kernel.name
+
+
+@dataclass(frozen=True)
+class Schedule:
+    kind: str  # "decode" or "prefill"
+    batch: int
+    tokens: int
+    kernels: tuple[KernelSpec, ...]  # the forward pass: what goes in the decode graph
+    sampling: KernelSpec  # launched eagerly after the forward pass
+    faults: frozenset[str] = field(default_factory=frozenset)
+
+    def __len__(self) -> int:
+        return len(self.kernels)
+
+    def counts_by_group(self) -> dict[str, int]:
+        c = Counter(k.group for k in self.kernels)
+        c[self.sampling.group] += 1
+        return {g: c[g] for g in GROUPS if c[g]}
+
+    def name_counts(self, *, with_sampling: bool = True) -> dict[str, int]:
+        c = Counter(k.kernel.name for k in self.kernels)
+        if with_sampling:
+            c[self.sampling.kernel.name] += 1
+        return dict(c)
+
+    def split_index(self, layer: int = SPLIT_GRAPH_LAYER) -> int:
+        """Index of the first kernel of `layer` (where a split graph starts its second part)."""
+        for i, k in enumerate(self.kernels):
+            if k.layer == layer:
+                return i
+        raise ValueError(layer)
+
+
+class _Builder:
+    def __init__(self, kind: str, batch: int, faults: frozenset[str], alt_streams: bool):
+        self.kind = kind
+        self.batch = batch
+        self.faults = faults
+        self.alt = alt_streams
+        self.specs: list[KernelSpec] = []
+        self.keys: dict[tuple[int | None, str], int] = {}
+
+    def cost(self, kt: KernelType) -> int:
+        if self.kind == "decode":
+            return decode_cost_ns(kt.key, self.batch)
+        return prefill_cost_ns(kt.key, self.batch)
+
+    def add(self, key: str, kt: KernelType, op: str, group: str, module: str, layer: int | None,
+            stream: str = "main", deps: tuple[str, ...] = (), dur_ns: int | None = None) -> None:
+        if not self.alt:
+            stream, deps = "main", ()
+        dep_idx = tuple(self.keys[(layer, d)] for d in deps if (layer, d) in self.keys)
+        idx = len(self.specs)
+        self.specs.append(KernelSpec(kt, op, group, module, layer, stream,
+                                     dur_ns if dur_ns is not None else self.cost(kt), dep_idx))
+        self.keys[(layer, key)] = idx
+        if kt is FUSED_ADD_RMSNORM and "broken_fusion" in self.faults:
+            # the norm + FP8 quant fusion is lost: a separate group quant follows every norm
+            self.specs.append(KernelSpec(GROUP_QUANT, "broken_fusion.quant", "fault", module,
+                                         layer, "main", self.cost(GROUP_QUANT), ()))
+
+
+def _build(kind: str, batch: int, faults: frozenset[str], alt_streams: bool) -> Schedule:
+    b = _Builder(kind, batch, faults, alt_streams)
+    decode = kind == "decode"
+    b.add("embed", EMBEDDING, "embedding", "outside", "model.model.embed_tokens", None)
+    for L in range(NUM_LAYERS):
+        p = layer_prefix(L)
+        a = f"{p}.self_attn"
+        if L == 0:
+            b.add("input_norm", RMSNORM, "input_norm", "attention", f"{p}.input_layernorm", L)
+        else:
+            b.add("input_norm", FUSED_ADD_RMSNORM, "input_norm", "attention",
+                  f"{p}.input_layernorm", L)
+        b.add("qkv_a", QKV_A_GEMM, "qkv_a_proj", "attention", f"{a}.fused_qkv_a_proj_with_mqa", L)
+        b.add("q_a_norm", RMSNORM, "q_a_norm", "attention", f"{a}.q_a_layernorm", L)
+        b.add("kv_a_norm", RMSNORM, "kv_a_norm", "attention", f"{a}.kv_a_layernorm", L,
+              stream="alt", deps=("qkv_a",))
+        if L in FULL_INDEXER_LAYERS:
+            ix = f"{a}.indexer"
+            b.add("ix_wq_b", WQ_B_GEMM, "indexer.wq_b", "indexer", f"{ix}.wq_b", L, "alt",
+                  deps=("q_a_norm",))
+            b.add("ix_wk", INDEXER_WK_GEMM, "indexer.wk_weights_proj", "indexer", f"{ix}.wk", L,
+                  "alt")
+            b.add("ix_k_norm", LAYERNORM, "indexer.k_norm", "indexer", f"{ix}.k_norm", L, "alt")
+            b.add("ix_act_quant", ACT_QUANT, "indexer.act_quant", "indexer", ix, L, "alt")
+            b.add("ix_store", STORE_INDEXER_CACHE, "indexer.store_cache", "indexer", ix, L, "alt")
+            if decode:
+                if "chunked_indexer" in faults:
+                    chunk = b.cost(PAGED_MQA_LOGITS) // 3 + 700
+                    for c in range(3):
+                        b.add(f"ix_logits{c}", PAGED_MQA_LOGITS, "indexer.logits", "indexer", ix,
+                              L, "alt", dur_ns=chunk)
+                else:
+                    b.add("ix_logits", PAGED_MQA_LOGITS, "indexer.logits", "indexer", ix, L, "alt")
+                b.add("ix_topk", TOPK_DECODE, "indexer.topk", "indexer", ix, L, "alt")
+            else:
+                b.add("ix_logits", MQA_LOGITS_PREFILL, "indexer.logits", "indexer", ix, L, "alt")
+                b.add("ix_topk", TOPK_PREFILL, "indexer.topk", "indexer", ix, L, "alt")
+        b.add("q_b", Q_B_GEMM, "q_b_proj", "attention", f"{a}.q_b_proj", L, deps=("kv_a_norm",))
+        b.add("rope", ROPE, "rope", "attention", f"{a}.rotary_emb", L)
+        b.add("q_absorb", Q_ABSORB_BMM, "q_absorb", "attention", a, L)
+        b.add("kv_write", KV_WRITE, "kv_write", "attention", f"{a}.attn_mqa", L)
+        if decode:
+            b.add("sparse_mla", SPARSE_MLA_DECODE, "sparse_mla", "attention", f"{a}.attn_mqa", L,
+                  deps=("ix_topk",))
+            b.add("mla_combine", MLA_COMBINE, "sparse_mla.combine", "attention", f"{a}.attn_mqa", L)
+        else:
+            # prefill: one sparse attention kernel, no split-KV combine
+            b.add("sparse_mla", SPARSE_ATTN_PREFILL, "sparse_mla", "attention", f"{a}.attn_mqa",
+                  L, deps=("ix_topk",))
+        b.add("o_absorb", O_ABSORB_BMM, "o_absorb", "attention", a, L)
+        if L == FAULT_LAYER and "layer_fault" in faults:
+            b.add("stray", STRAY_COPY, "layer_fault.copy", "fault", a, L)
+        b.add("o_proj", O_PROJ_GEMM, "o_proj", "attention", f"{a}.o_proj", L)
+        b.add("allreduce", ALLREDUCE, "attn_allreduce", "attention", f"{a}.o_proj", L)
+        b.add("post_norm", FUSED_ADD_RMSNORM, "post_attn_norm", "attention",
+              f"{p}.post_attention_layernorm", L)
+        m = f"{p}.mlp"
+        if L in DENSE_LAYERS:
+            b.add("mlp_gate_up", DENSE_GATE_UP_GEMM, "mlp.gate_up", "dense_mlp",
+                  f"{m}.gate_up_proj", L)
+            b.add("mlp_act", ACT_AND_MUL, "mlp.act", "dense_mlp", f"{m}.act_fn", L)
+            b.add("mlp_down", DENSE_DOWN_GEMM, "mlp.down", "dense_mlp", f"{m}.down_proj", L)
+            continue
+        b.add("router", ROUTER_GEMM, "moe.router", "moe", f"{m}.gate", L)
+        b.add("topk", MOE_TOPK, "moe.topk", "moe", f"{m}.topk", L)
+        b.add("quant", GROUP_QUANT, "moe.quant", "moe", f"{m}.experts", L)
+        if decode:
+            b.add("dispatch", DEEPEP_DISPATCH, "deepep.dispatch", "deepep", f"{m}.experts", L)
+            b.add("gate_up", MOE_GATE_UP_MASKED, "moe.gate_up", "moe", f"{m}.experts", L)
+            b.add("down", MOE_DOWN_MASKED, "moe.down", "moe", f"{m}.experts", L)
+            b.add("combine", DEEPEP_COMBINE, "deepep.combine", "deepep", f"{m}.experts", L)
+        else:
+            b.add("dispatch", DEEPEP_DISPATCH_NORMAL, "deepep.dispatch", "deepep", f"{m}.experts",
+                  L)
+            b.add("gate_up", MOE_GATE_UP_CONTIG, "moe.gate_up", "moe", f"{m}.experts", L)
+            b.add("down", MOE_DOWN_CONTIG, "moe.down", "moe", f"{m}.experts", L)
+            b.add("combine", DEEPEP_COMBINE_NORMAL, "deepep.combine", "deepep", f"{m}.experts", L)
+        # shared expert on the alt stream, issued after the routed branch
+        b.add("shared_gate_up", SHARED_GATE_UP_GEMM, "moe.shared_gate_up", "moe",
+              f"{m}.shared_experts.gate_up_proj", L, "alt", deps=("post_norm",))
+        b.add("shared_down", SHARED_DOWN_GEMM, "moe.shared_down", "moe",
+              f"{m}.shared_experts.down_proj", L, "alt")
+        b.add("sum_reduce", MOE_SUM_REDUCE, "moe.scale_shared_add", "moe", m, L,
+              deps=("shared_down",))
+    b.add("final_norm", FUSED_ADD_RMSNORM, "final_norm", "outside", "model.model.norm", None)
+    b.add("lm_head", LM_HEAD_GEMM, "lm_head", "outside", "model.logits_processor", None)
+    sampling = KernelSpec(SAMPLING, "sampling", "outside", "", None, "main", b.cost(SAMPLING))
+    tokens = batch if decode else batch * PREFILL_TOKENS_PER_REQ
+    return Schedule(kind, batch, tokens, tuple(b.specs), sampling, faults)
+
+
+SCHEDULE_FAULTS = frozenset({"broken_fusion", "chunked_indexer", "layer_fault"})
+
+
+def decode_schedule(batch: int = 32, faults: frozenset[str] | set[str] | tuple = (),
+                    *, alt_streams: bool = True) -> Schedule:
+    """The decode forward pass (what the decode CUDA graph holds) plus the eager sampling kernel.
+
+    alt_streams=False puts everything on the main stream (SGLang forks to the alt stream only
+    in capture mode, so eager decode runs single-stream)."""
+    return _build("decode", batch, frozenset(faults) & SCHEDULE_FAULTS, alt_streams)
+
+
+def prefill_schedule(batch: int = 32, faults: frozenset[str] | set[str] | tuple = ()) -> Schedule:
+    """The eager prefill pass: sparse_attn_fwd_kernel instead of the split-KV decode kernel,
+    non-paged indexer logits, DeepEP normal mode, contiguous grouped GEMMs; single stream."""
+    return _build("prefill", batch, frozenset(faults) & SCHEDULE_FAULTS, False)
+
+
+def with_durations(s: Schedule, scale: float) -> Schedule:
+    """The same schedule with every duration multiplied (used for a slow rank)."""
+    ks = tuple(replace(k, dur_ns=int(k.dur_ns * scale)) for k in s.kernels)
+    sampling = replace(s.sampling, dur_ns=int(s.sampling.dur_ns * scale))
+    return replace(s, kernels=ks, sampling=sampling)
