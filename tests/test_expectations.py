@@ -121,6 +121,10 @@ def test_glm_layer_regex(glm):
 
 # Real kernel names (demangled) from the reference doc, with the op each must fall into.
 KERNELS = [
+    # the indexer's k_norm is an nn.LayerNorm, so ATen's kernel
+    ("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<c10::BFloat16, float, false>"
+     "(int, float, c10::BFloat16 const*, c10::BFloat16 const*, c10::BFloat16 const*, float*, float*, "
+     "c10::BFloat16*)", "indexer_k_norm"),
     ("void flashinfer::norm::FusedAddRMSNormKernel<8u, __nv_bfloat16>(__nv_bfloat16*, __nv_bfloat16*, "
      "__nv_bfloat16*, unsigned int, unsigned int, unsigned int, float, float)", "fused_add_rmsnorm"),
     ("void flashinfer::norm::RMSNormKernel<8u, __nv_bfloat16>(__nv_bfloat16*, __nv_bfloat16*, "

@@ -214,7 +214,7 @@ def _nvtx_windows(nvtx: pl.DataFrame, regex: str) -> pl.DataFrame:
 
 def _place(frame: pl.DataFrame, windows: pl.DataFrame, *, time_col: str, key_col: str) -> pl.DataFrame:
     """Add `key, window`: the window whose [host_start, host_end] holds `time_col` (else null)."""
-    original_columns = frame.columns
+    original_columns = [c for c in frame.columns if c not in ("key", "window")]
     with_key = frame.with_columns(pl.col(key_col).alias("key"), pl.int_range(pl.len()).alias("_order"))
     if windows.height == 0:
         return with_key.with_columns(pl.lit(None, pl.Int64).alias("window")).select(
