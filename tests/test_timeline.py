@@ -1,0 +1,385 @@
+"""Timeline checks on the bundled samples: gaps and their cause against the generator's truth
+(sample_traces/manifest.json), H2D copies and their position, graph breaks, the three-column
+ledger, the step time budget, and the rank comparison."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import click
+import polars as pl
+import pytest
+from click.testing import CliRunner
+
+import nsys_ledger
+from nsys_ledger.checks.budget import BUDGET_COLUMNS
+from nsys_ledger.checks.gaps import find_gaps
+from nsys_ledger.checks.ranks import compare_ranks
+from nsys_ledger.cli import main
+from nsys_ledger.ledger.model import Range
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLES = ROOT / "sample_traces"
+GLM = ROOT / "expectations" / "glm-5.3-tp8-ep8.toml"
+MANIFEST = json.loads((SAMPLES / "manifest.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def expectations():
+    return nsys_ledger.load_expectations(GLM)
+
+
+@pytest.fixture(scope="module")
+def checked(expectations):
+    cache: dict[str, nsys_ledger.Result] = {}
+
+    def run(name: str) -> nsys_ledger.Result:
+        if name not in cache:
+            cache[name] = nsys_ledger.check(SAMPLES / name, expectations)
+        return cache[name]
+
+    return run
+
+
+def checks_of(result) -> list[str]:
+    return [f.check for f in result.findings]
+
+
+# ---------------------------------------------------------------------------------------------
+# Gaps and their cause
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["glm5-graph-caused-gaps.sqlite", "glm5-graph-extra-gaps.sqlite"])
+def test_every_injected_gap_is_found_with_its_step_and_cause(checked, name):
+    result = checked(name)
+    truth = MANIFEST[name]["injected_gaps"]
+    found = {(g["rank"], g["step"], g["start"], g["end"]): g["cause"] for g in result.gaps.to_dicts()}
+    for gap in truth:
+        key = (gap["rank"], gap["step"], gap["idle_start"], gap["idle_end"])
+        assert found.get(key) == gap["cause"], gap
+    # and nothing else than the generator's own count of device idle gaps above 2 us
+    assert result.step_table["gaps"].to_list() == [s["gaps_over_2us"] for s in MANIFEST[name]["steps"]]
+
+
+def test_injected_gap_causes_cover_sync_collective_and_host(checked):
+    result = checked("glm5-graph-caused-gaps.sqlite")
+    causes = result.gaps.group_by("cause").len().sort("cause").rows()
+    # per step: a sync before the replay, two late collectives, a late sampling launch; the
+    # host then falls behind, so steps 1-3 also wait between their first copies (h2d)
+    assert causes == [("collective", 8), ("h2d", 6), ("host", 4), ("sync", 4)]
+    collective = result.gaps.filter(pl.col("cause") == "collective")
+    assert set(collective["after_op"]) == {"allreduce", "deepep_dispatch"}
+    assert sorted(set(collective["after_layer"])) == [20, 50]
+    host = result.gaps.filter(pl.col("cause") == "host")
+    assert host["after_op"].to_list() == ["sampling"] * 4
+    sync = result.gaps.filter(pl.col("cause") == "sync")
+    assert sync["before"].to_list() == ["memcpy HtoD"] * 4 and sync["after_op"].to_list() == ["embedding"] * 4
+    copies = result.gaps.filter(pl.col("cause") == "h2d")
+    assert copies["step"].to_list() == [1, 1, 2, 2, 3, 3]
+    assert set(copies["before"]) == set(copies["after"]) == {"memcpy HtoD"}
+
+
+def test_device_side_delays_have_no_visible_cause(checked):
+    result = checked("glm5-graph-extra-gaps.sqlite")
+    assert result.gaps["cause"].to_list() == ["unknown"] * 12
+    assert result.gaps.filter(pl.col("step") == 0)["after_layer"].to_list() == [12, 40, 68]
+
+
+def test_healthy_graph_sample_has_no_gap_at_2us(checked):
+    result = checked("glm5-graph-healthy.sqlite")
+    assert result.gaps.height == 0
+    assert result.gap_threshold_ns == 2000
+    assert result.findings == []
+    assert result.timeline.stream_gaps is None  # only on request
+
+
+def test_eager_sample_is_host_bound_with_most_gaps_caused_by_host(checked):
+    result = checked("glm5-eager-healthy.sqlite")
+    table = result.step_table
+    assert table["gaps"].to_list() == [1159, 1139, 1149, 1149]
+    assert result.gaps.group_by("cause").len().sort("cause").rows() == [("h2d", 12), ("host", 4584)]
+    assert table["bound"].to_list() == ["host"] * 4
+    assert (table["host_ns"] > table["busy_ns"]).all()
+    finding = next(f for f in result.findings if f.check == "gaps")
+    assert "by cause: host 4584" in finding.message and finding.hint.startswith("mostly host")
+
+
+def test_pageable_copy_gap_is_caused_by_h2d(checked):
+    result = checked("glm5-graph-pageable-h2d.sqlite")
+    assert checks_of(result) == ["h2d_pageable", "gaps"]
+    assert result.gaps.select("step", "cause", "before", "after_op").rows() == [
+        (step, "h2d", "memcpy HtoD", "embedding") for step in range(4)
+    ]
+
+
+def test_a_higher_threshold_keeps_only_the_longer_gaps(expectations):
+    result = nsys_ledger.check(SAMPLES / "glm5-graph-extra-gaps.sqlite", expectations, gap_us=10)
+    # the 6.5 us site drops out; the 17 and 36 us ones stay (about 17.6 and 36.6 us idle)
+    assert result.step_table["gaps"].to_list() == [2] * 4
+    assert result.gap_threshold_ns == 10_000
+
+
+def test_per_stream_gaps_on_request(expectations):
+    result = nsys_ledger.check(SAMPLES / "glm5-graph-healthy.sqlite", expectations, per_stream_gaps=True)
+    stream_gaps = result.timeline.stream_gaps
+    assert result.gaps.height == 0  # the device is never idle ...
+    # ... but each stream is, while the other one works: the alt stream between its indexer
+    # and shared-expert kernels, the main stream while the alt stream catches up
+    assert set(stream_gaps["stream"]) == {20, 24}
+    assert stream_gaps["stream"].is_not_null().all()
+    per_step = stream_gaps.group_by("step").len().sort("step")["len"].to_list()
+    assert len(per_step) == 4 and min(per_step) > 100
+
+
+# ---------------------------------------------------------------------------------------------
+# H2D copies, graph breaks: exactly those findings
+# ---------------------------------------------------------------------------------------------
+def test_healthy_sample_h2d_copies_are_three_small_pinned_before_the_launch(checked):
+    result = checked("glm5-graph-healthy.sqlite")
+    copies = result.timeline.h2d
+    assert copies.height == 12
+    assert copies.group_by("step").len().sort("step")["len"].to_list() == [3] * 4
+    assert set(copies["memory"]) == {"pinned"} and set(copies["position"]) == {"before"}
+    assert copies.filter(pl.col("step") == 0)["bytes"].to_list() == [8192, 256, 512]  # batch 32 * 256, 8, 16
+    assert result.step_table["h2d_before"].to_list() == [3] * 4
+
+
+def test_extra_h2d_sample_gives_exactly_the_h2d_finding(checked):
+    result = checked("glm5-graph-extra-h2d.sqlite")
+    assert checks_of(result) == ["h2d"]
+    assert result.findings[0].message.endswith("too many; per step: 4 before the graph launch")
+
+
+def test_split_graph_sample_gives_exactly_the_break_and_its_copy(checked):
+    result = checked("glm5-graph-split-graph.sqlite")
+    assert checks_of(result) == ["h2d", "graph_break"]
+    h2d, graph_break = result.findings
+    assert h2d.message.endswith("per step: 3 before the graph launch, 1 between graph launches")
+    assert (graph_break.observed, graph_break.expected, graph_break.steps) == ("2", "1", "0-3")
+    breaks = result.timeline.breaks
+    assert breaks.select("step", "replay", "kernel_index", "before_op", "after_op").rows() == [
+        (step, 1, 1000, "moe_sum", "fused_add_rmsnorm") for step in range(4)
+    ]
+    # the second graph starts at layer 39 (the generator's SPLIT_GRAPH_LAYER)
+    assert breaks["after_layer"].to_list() == [39] * 4 and breaks["before_layer"].to_list() == [38] * 4
+    assert "replay 2 starts at layer 39 fused_add_rmsnorm (kernel 1000 of the step), after layer 38 moe_sum" in (
+        graph_break.message
+    )
+    assert result.step_table["replays"].to_list() == [2] * 4
+
+
+def test_graph_launch_shortfall_is_not_a_break(expectations, checked):
+    healthy = checked("glm5-graph-healthy.sqlite")
+    strict = nsys_ledger.check(healthy.trace, dataclasses.replace(expectations, graph_launches_per_step=Range(2, 2)))
+    launches = next(o for o in strict.outcomes if o.name == "graph launches per step")
+    assert [f.check for f in launches.findings] == ["graph_launches"]
+    assert launches.findings[0].message.endswith("too few")
+
+
+# ---------------------------------------------------------------------------------------------
+# The three-column ledger and the step time budget
+# ---------------------------------------------------------------------------------------------
+def test_three_columns_and_kernels_per_token_at_the_seeds_batch(checked):
+    table = checked("glm5-graph-healthy.sqlite").step_table
+    assert table["cpu_submissions"].to_list() == [5] * 4  # 3 copies, 1 graph launch, 1 sampling launch
+    assert table["kernels"].to_list() == [2002] * 4
+    assert table["gaps"].to_list() == [0] * 4 and table["gap_ns"].to_list() == [0] * 4
+    assert table["kernels_per_token"].to_list() == [62.56] * 4  # the seed: "about 62 at batch 32"
+
+
+def test_batch_option_overrides_the_expectations(expectations):
+    result = nsys_ledger.check(SAMPLES / "glm5-graph-healthy.sqlite", expectations, batch=128)
+    assert result.batch == 128
+    assert result.step_table["kernels_per_token"].to_list() == [15.64] * 4  # the seed: 16 at batch 128
+
+
+@pytest.mark.parametrize("name", sorted(MANIFEST))
+def test_budget_terms_add_up_to_the_step_time(checked, name):
+    table = checked(name).step_table
+    terms = ["busy_ns", "small_gap_ns", "collective_ns", "host_ns", "other_gap_ns", "overhead_ns"]
+    assert (table.select(pl.sum_horizontal(terms).alias("total"))["total"] == table["step_ns"]).all()
+    # consecutive steps do not overlap on the device in the samples: the budget spans the step
+    assert (table["step_ns"] == table["duration_ns"]).all()
+    by_cause = table.select(pl.sum_horizontal(pl.col("^gap_ns_.*$")).alias("total"))["total"]
+    assert (table["gap_ns"] == by_cause).all()
+
+
+def test_healthy_graph_budget_is_gpu_bound_with_sub_us_node_gaps(checked):
+    table = checked("glm5-graph-healthy.sqlite").step_table
+    assert table["bound"].to_list() == ["gpu"] * 4
+    assert (table["host_ns"] == 0).all() and (table["other_gap_ns"] == 0).all()
+    # N·g: about 1630 node-to-node gaps of 0.5-1 us (the seed: 1-2 ms per step)
+    assert table["small_gaps"].is_between(1600, 1700).all()
+    assert (table["small_gap_ns"] / table["small_gaps"]).is_between(500, 1000).all()
+    # C_comm: 78 allreduce + 150 DeepEP kernels, the only time when just collectives run
+    assert table["collective_ns"].is_between(3_000_000, 4_000_000).all()
+
+
+# ---------------------------------------------------------------------------------------------
+# Ranks
+# ---------------------------------------------------------------------------------------------
+def test_the_slow_rank_is_named(checked):
+    result = checked("glm5-graph-2ranks-slow-rank1.sqlite")
+    ranks = result.ranks
+    assert ranks.slowest_rank == 1
+    assert ranks.per_step["slowest_rank"].to_list() == [1, 1, 1]
+    assert round(ranks.imbalance_pct) == 20  # the generator's slow_factor 1.2
+    # rank 1 arrives last at every collective: it never waits, rank 0 waits for it
+    waits = dict(ranks.per_rank.select("rank", "collective_wait_ns").iter_rows())
+    assert waits[1] == 0 and waits[0] > 4_000_000
+    # in lock step the step times hardly differ (collectives end together)
+    assert ranks.max_spread_ns < 200_000
+    (finding,) = result.findings
+    assert (finding.check, finding.subject, finding.source) == ("rank_imbalance", "rank 1", "ranks.max_imbalance_pct")
+    assert finding.message.startswith("rank 1 is the slowest")
+
+
+def test_rank_comparison_of_per_rank_tables_from_separate_results(checked):
+    """The multi-file path: one step table per rank, stacked with file order as the rank."""
+    columns = ["rank", "step", "step_ns", "busy_ns", "collective_ns"]
+    table = checked("glm5-graph-2ranks-slow-rank1.sqlite").step_table.select(columns)
+    # as if the slow process had been exported to the first file: it becomes rank 0
+    slow_first = [table.filter(pl.col("rank") == r).with_columns(pl.lit(i, pl.Int64).alias("rank"))
+                  for i, r in enumerate((1, 0))]
+    assert compare_ranks(pl.concat(slow_first)).slowest_rank == 0
+    assert compare_ranks(slow_first[0]) is None  # one rank: nothing to compare
+
+
+def test_one_rank_has_no_rank_comparison(checked):
+    assert checked("glm5-graph-healthy.sqlite").ranks is None
+
+
+# ---------------------------------------------------------------------------------------------
+# Cause rules on a hand-made timeline (the graph boundary has no sample of its own)
+# ---------------------------------------------------------------------------------------------
+def _activities(rows: list[tuple]) -> pl.DataFrame:
+    """(start, end, name, graph_node_id, correlation, api_start, api_end) per kernel, one step."""
+    frame = pl.DataFrame(
+        rows, orient="row",
+        schema={"start": pl.Int64, "end": pl.Int64, "name": pl.Utf8, "graph_node_id": pl.Int64,
+                "correlation": pl.Int64, "api_start": pl.Int64, "api_end": pl.Int64},
+    )
+    return frame.with_row_index("row").with_columns(
+        pl.lit("kernel").alias("activity"), pl.lit(0, pl.Int64).alias("device"), pl.lit(7, pl.Int64).alias("stream"),
+        pl.lit(1, pl.Int64).alias("pid"), pl.lit(None, pl.Utf8).alias("copy_kind"), pl.lit(0, pl.Int64).alias("rank"),
+        pl.lit(0, pl.Int64).alias("step"), pl.lit(True).alias("decode"),
+    )
+
+
+def _causes(rows: list[tuple], syncs: list[tuple] = ()) -> list[tuple]:
+    acts = _activities(rows)
+    sync_windows = pl.DataFrame(list(syncs), orient="row", schema={"pid": pl.Int64, "start": pl.Int64, "end": pl.Int64})
+    overhead = pl.DataFrame(schema={"start": pl.Int64, "end": pl.Int64, "global_tid": pl.Int64, "pid": pl.Int64})
+    gaps = find_gaps(acts, acts, overhead, sync_windows, 2_000)
+    return gaps.select("start", "end", "cause").rows()
+
+
+def test_gap_between_two_replays_with_the_host_ahead_is_a_graph_boundary():
+    rows = [
+        (10_000, 20_000, "k_a", 1, 100, 0, 5_000),       # replay 1 (launched early)
+        (25_000, 30_000, "k_b", 2, 200, 1_000, 6_000),   # replay 2, launched early too
+        (40_000, 45_000, "k_c", 3, 200, 1_000, 6_000),   # same replay: nothing explains the wait
+    ]
+    assert _causes(rows) == [(20_000, 25_000, "graph_boundary"), (30_000, 40_000, "unknown")]
+
+
+def test_late_launch_is_host_and_a_sync_returning_before_it_is_sync():
+    rows = [
+        (10_000, 20_000, "k_a", None, 1, 0, 5_000),
+        (30_000, 31_000, "k_b", None, 2, 27_000, 29_000),  # launched after k_a ended: host
+    ]
+    assert _causes(rows) == [(20_000, 30_000, "host")]
+    # the same, with the host blocked in a synchronize that returned at 26 us
+    assert _causes(rows, syncs=[(1, 8_000, 26_000)]) == [(20_000, 30_000, "sync")]
+    # a sync that spans the whole gap (an overlap scheduler waiting for the running step)
+    # returned after the launch: not the cause
+    assert _causes(rows, syncs=[(1, 8_000, 35_000)]) == [(20_000, 30_000, "host")]
+
+
+def test_late_collective_with_an_early_launch_is_collective():
+    rows = [
+        (10_000, 20_000, "gemm", 1, 100, 0, 5_000),
+        (29_000, 35_000, "ncclDevKernel_AllReduce_Sum_bf16_RING_LL", 2, 100, 0, 5_000),
+    ]
+    assert _causes(rows) == [(20_000, 29_000, "collective")]
+
+
+def test_profiler_overhead_is_not_idle():
+    acts = _activities([(10_000, 20_000, "k_a", None, 1, 0, 1), (40_000, 45_000, "k_b", None, 2, 0, 1)])
+    none = pl.DataFrame(schema={"pid": pl.Int64, "start": pl.Int64, "end": pl.Int64})
+    overhead = pl.DataFrame({"start": [21_000], "end": [39_000], "global_tid": [1 << 24], "pid": [1]})
+    gaps = find_gaps(acts, acts, overhead, none, 500)
+    # 20-21 us and 39-40 us stay idle; the 18 us of profiler overhead between them do not count
+    assert gaps.select("start", "end", "before", "after").rows() == [
+        (20_000, 21_000, "k_a", "profiler overhead"), (39_000, 40_000, "profiler overhead", "k_b"),
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# Output
+# ---------------------------------------------------------------------------------------------
+def test_cli_prints_the_budget_and_writes_the_timeline_json(tmp_path):
+    out = tmp_path / "result.json"
+    run = CliRunner().invoke(main, ["check", str(SAMPLES / "glm5-graph-caused-gaps.sqlite"), "--expect", str(GLM),
+                                    "--per-stream-gaps", "--batch", "64", "--json", str(out)])
+    assert run.exit_code == 1, run.output
+    assert "k/token@64" in run.output and "31.3" in run.output  # 2002 / 64
+    assert "step time budget (us)" in run.output and "gpu-bound" in run.output
+    assert "by cause: collective 8 (97.9 us), sync 4 (72.7 us), host 4 (71.1 us), h2d 6 (22.1 us)" in run.output
+    assert "per-stream gaps above 2 us: device 0 stream 20" in run.output
+    doc = json.loads(out.read_text())
+    timeline = doc["timeline"]
+    assert timeline["batch"] == 64
+    assert timeline["gap_causes"] == ["sync", "h2d", "host", "graph_boundary", "collective", "unknown"]
+    assert timeline["gaps_total"] == len(timeline["gaps"]) == 22 and timeline["stream_gaps"] and timeline["ranks"] is None
+    assert {g["cause"] for g in timeline["gaps"]} == {"sync", "h2d", "host", "collective"}
+    assert len(timeline["h2d_copies"]) == 12 and timeline["graph_breaks"] == []
+    step = doc["steps"][1]
+    assert step["kernels_per_token"] == 31.28 and step["replays"] == 1
+    assert step["h2d_positions"] == {"before": 3, "between": 0, "after": 0, "in_graph": 0, "no_graph": 0, "unknown": 0}
+    assert set(step["budget"]) == {*BUDGET_COLUMNS, "bound"}
+    assert step["gaps_by_cause"] == {
+        "sync": {"count": 1, "ns": step["gaps_by_cause"]["sync"]["ns"]},
+        "h2d": {"count": 2, "ns": step["gaps_by_cause"]["h2d"]["ns"]},
+        "host": {"count": 1, "ns": step["gaps_by_cause"]["host"]["ns"]},
+        "collective": {"count": 2, "ns": step["gaps_by_cause"]["collective"]["ns"]},
+    }
+    assert sum(v["ns"] for v in step["gaps_by_cause"].values()) == step["gap_ns"]
+
+
+def test_json_names_the_slow_rank(tmp_path):
+    out = tmp_path / "result.json"
+    run = CliRunner().invoke(main, ["check", str(SAMPLES / "glm5-graph-2ranks-slow-rank1.sqlite"), "--expect",
+                                    str(GLM), "--json", str(out)])
+    assert run.exit_code == 1
+    assert "1 slowest" in click.unstyle(run.output)
+    ranks = json.loads(out.read_text())["timeline"]["ranks"]
+    assert ranks["slowest_rank"] == 1 and [r["rank"] for r in ranks["per_rank"]] == [0, 1]
+
+
+def test_json_lists_the_longest_gaps_and_counts_them_all(checked):
+    from nsys_ledger.report.json_report import result_document
+
+    result = checked("glm5-eager-healthy.sqlite")
+    timeline = result_document(result)["timeline"]
+    assert (timeline["gaps_total"], timeline["list_limit"], len(timeline["gaps"])) == (4596, 1000, 1000)
+    listed = [g["duration"] for g in timeline["gaps"]]
+    assert min(listed) >= result.gaps["duration"].sort(descending=True)[999]  # the longest ones
+    assert [(g["step"], g["start"]) for g in timeline["gaps"]] == sorted((g["step"], g["start"]) for g in timeline["gaps"])
+    assert timeline["h2d_copies_total"] == 12 and timeline["stream_gaps_total"] is None
+
+
+def test_injected_gaps_are_found_on_every_rank(tmp_path, expectations):
+    from nsys_ledger.synth import generate
+
+    path = tmp_path / "two-ranks.sqlite"
+    summary = generate(path, mode="graph", steps=2, ranks=2, seed=3,
+                       faults=("extra_gaps_collective", "extra_gaps_host"))
+    result = nsys_ledger.check(path, expectations)
+    found = {(g["rank"], g["step"], g["start"], g["end"]): g["cause"] for g in result.gaps.to_dicts()}
+    truth = {(g.rank, g.step, g.idle_start, g.idle_end): g.cause for g in summary.injected_gaps}
+    assert len(truth) == 2 * 2 * 3  # ranks x steps x (two collectives, one late sampling launch)
+    assert {key: found.get(key) for key in truth} == truth
+    truth_per_step = sorted((t.rank, t.index, t.gaps_over_threshold) for t in summary.step_truth)
+    assert result.step_table.select("rank", "step", "gaps").rows() == truth_per_step
