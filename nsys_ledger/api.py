@@ -6,7 +6,7 @@ findings. The CLI only parses arguments, calls this and renders the Result.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import polars as pl
@@ -14,12 +14,35 @@ import polars as pl
 from nsys_ledger.attribution.activities import gpu_activities, with_launch_calls
 from nsys_ledger.attribution.ops import with_ops
 from nsys_ledger.attribution.steps import Steps, find_steps
+from nsys_ledger.attribution.layers import attribute_layers
+from nsys_ledger.checks.layers import LayerSummary, check_layers, summarize_layers
 from nsys_ledger.checks.ledger import CheckOutcome, Finding, check_ledger
-from nsys_ledger.checks.stats import op_counts, step_gaps, step_table
-from nsys_ledger.ledger import Expectations, load_expectations
+from nsys_ledger.checks.ranks import RankComparison
+from nsys_ledger.checks.stats import op_counts, step_table
+from nsys_ledger.checks.timeline import (
+    Timeline,
+    add_timeline_columns,
+    attach_layers,
+    build_timeline,
+    rank_comparison,
+    timeline_outcomes,
+)
+from nsys_ledger.ledger import Expectations, StepRule, load_expectations
+from nsys_ledger.progress import stage
 from nsys_ledger.trace import Trace, load_trace
 
 DEFAULT_GAP_THRESHOLD_NS = 2000
+
+# Without expectations, steps are still cut after the sampling kernels of SGLang and vLLM
+# (flashinfer's sampling kernels run eagerly after the decode graph), so the copies issued
+# before a graph launch land in the step they feed.
+DEFAULT_STEP_RULE = StepRule(
+    method="auto",
+    nvtx_regex=None,
+    marker_regex=r"SamplingFrom(?:Prob|Logits)Kernel",
+    exclude_nvtx_regex=None,
+    exclude_ops=(),
+)
 
 GRAPH_LEVEL_NOTICE = (
     "{replays} CUDA graph replays were traced at graph level (--cuda-graph-trace=graph, nsys's "
@@ -40,17 +63,30 @@ class Totals:
 
 
 @dataclass(frozen=True)
+class InputFile:
+    """One export of a multi-file check (`check_many`) and the ranks its processes became."""
+
+    path: str
+    ranks: tuple[int, ...]  # in the merged numbering: file order, then process order in the file
+
+
+@dataclass(frozen=True)
 class Result:
     trace: Trace
     expectations: Expectations | None
     totals: Totals
     steps: Steps
-    step_table: pl.DataFrame  # one row per decode step (see checks.stats.step_table)
+    step_table: pl.DataFrame  # one row per decode step (checks.stats.step_table + checks.timeline columns)
     op_table: pl.DataFrame  # kernels per step and op, wide
-    gaps: pl.DataFrame
+    gaps: pl.DataFrame  # device-wide idle gaps above the threshold, with cause (checks.gaps.GAP_SCHEMA)
     gap_threshold_ns: int
     outcomes: tuple[CheckOutcome, ...]
     notices: tuple[str, ...] = field(default=())
+    timeline: Timeline | None = None  # gaps, per-stream gaps, H2D copies, graph replays, step budget
+    ranks: RankComparison | None = None  # with several ranks (processes) in the trace
+    batch: int | None = None  # requests per step, for kernels per output token
+    files: tuple[InputFile, ...] = ()  # several exports checked together (multifile.check_many); else empty
+    layers: LayerSummary | None = None  # layer of every decode kernel, how it was found, per-layer counts
 
     @property
     def findings(self) -> list[Finding]:
@@ -75,25 +111,41 @@ def check(
     step_nvtx: str | None = None,
     step_method: str | None = None,
     gap_us: float | None = None,
+    batch: int | None = None,
+    per_stream_gaps: bool = False,
 ) -> Result:
-    """Load the trace (and expectations), find decode steps, count, and compare."""
-    trace = trace if isinstance(trace, Trace) else load_trace(trace)
+    """Load the trace (and expectations), find decode steps, count, and compare.
+
+    `batch` (default: the expectations' `batch` parameter) gives kernels per output token;
+    `per_stream_gaps` also finds the idle gaps of every stream on its own.
+    """
+    # The small expectations file first: a typo in it is reported before a big trace is read.
     if expectations is not None and not isinstance(expectations, Expectations):
         expectations = load_expectations(expectations)
+    if not isinstance(trace, Trace):
+        with stage(f"reading {Path(trace).name}"):
+            trace = load_trace(trace)
     threshold_ns = _gap_threshold_ns(expectations, gap_us)
 
-    activities = with_ops(with_launch_calls(gpu_activities(trace), trace.api_calls), expectations)
-    steps = find_steps(
-        activities,
-        trace.api_calls,
-        trace.nvtx,
-        expectations.steps if expectations else None,
-        step_nvtx=step_nvtx,
-        method=step_method,
-    )
-    gaps = step_gaps(steps, threshold_ns)
-    table = step_table(steps, gaps)
+    with stage(f"attributing {trace.kernels.height:,} kernels to steps"):
+        activities = with_ops(with_launch_calls(gpu_activities(trace), trace.api_calls), expectations)
+        steps = find_steps(
+            activities,
+            trace.api_calls,
+            trace.nvtx,
+            expectations.steps if expectations else DEFAULT_STEP_RULE,
+            step_nvtx=step_nvtx,
+            method=step_method,
+        )
+    batch = batch if batch is not None else (expectations.batch if expectations else None)
+    with stage("sweeping the device timelines"):
+        timeline = build_timeline(steps, trace, threshold_ns, per_stream=per_stream_gaps)
+    table = add_timeline_columns(step_table(steps, timeline.gaps), timeline, batch)
+    ranks = rank_comparison(table)
     ops = op_counts(steps, list(expectations.ops) if expectations else [])
+    with stage("attributing kernels to layers"):
+        layers = summarize_layers(attribute_layers(trace, steps.activities, expectations))
+    timeline = attach_layers(timeline, layers.assignments)  # gap and graph-break positions by layer
     totals = trace_totals(trace)
 
     notices: list[str] = list(trace.meta.warnings)
@@ -102,11 +154,35 @@ def check(
     if graph_level:
         notices.append(GRAPH_LEVEL_NOTICE.format(replays=trace.graph_replays.height))
     if expectations is not None:
-        outcomes = _ledger_outcomes(expectations, table, ops, gaps, steps, threshold_ns, graph_level, totals)
+        outcomes = _ledger_outcomes(expectations, table, ops, timeline, ranks, steps, graph_level, totals)
+        outcomes += _layer_outcomes(expectations, layers, table, graph_level)
     return Result(
         trace=trace, expectations=expectations, totals=totals, steps=steps, step_table=table, op_table=ops,
-        gaps=gaps, gap_threshold_ns=threshold_ns, outcomes=tuple(outcomes), notices=tuple(notices),
+        gaps=timeline.gaps, gap_threshold_ns=threshold_ns, outcomes=tuple(outcomes), notices=tuple(notices),
+        timeline=timeline, ranks=ranks, batch=batch, layers=layers,
     )
+
+
+def rejudge(result: Result, *, graph_level: bool) -> Result:
+    """`result` with its rank comparison and outcomes computed again from its tables: for a
+    Result stacked from several exports (multifile.check_many), whose findings must span all
+    ranks. `graph_level`: some export was captured with --cuda-graph-trace=graph."""
+    ranks = rank_comparison(result.step_table)
+    outcomes: list[CheckOutcome] = []
+    if result.expectations is not None:
+        outcomes = _ledger_outcomes(result.expectations, result.step_table, result.op_table, result.timeline,
+                                    ranks, result.steps, graph_level, result.totals)
+        outcomes += _layer_outcomes(result.expectations, result.layers, result.step_table, graph_level)
+    return replace(result, ranks=ranks, outcomes=tuple(outcomes))
+
+
+def _layer_outcomes(
+    expectations: Expectations, layers: LayerSummary | None, table: pl.DataFrame, graph_level: bool
+) -> list[CheckOutcome]:
+    """The per-layer ledger, when there are decode steps whose kernels are in the trace."""
+    if layers is None or graph_level or table.height == 0:
+        return []
+    return check_layers(expectations, layers, table.height)
 
 
 def _gap_threshold_ns(expectations: Expectations | None, gap_us: float | None) -> int:
@@ -121,9 +197,9 @@ def _ledger_outcomes(
     expectations: Expectations,
     table: pl.DataFrame,
     ops: pl.DataFrame,
-    gaps: pl.DataFrame,
+    timeline: Timeline,
+    ranks: RankComparison | None,
     steps: Steps,
-    threshold_ns: int,
     graph_level: bool,
     totals: Totals,
 ) -> list[CheckOutcome]:
@@ -143,7 +219,9 @@ def _ledger_outcomes(
             hint="give the step NVTX range with --step-nvtx, or check [steps] marker in the expectations",
         )
         return [CheckOutcome("decode steps found", "steps", ">= 1", "0", (finding,))]
-    return check_ledger(expectations, table, ops, gaps, step_method=steps.method, gap_threshold_ns=threshold_ns)
+    return check_ledger(expectations, table, ops) + timeline_outcomes(
+        expectations, table, timeline, ranks, step_method=steps.method
+    )
 
 
 def _graph_level_replays(trace: Trace) -> bool:

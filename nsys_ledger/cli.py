@@ -14,12 +14,14 @@ import click
 
 from nsys_ledger import __version__
 from nsys_ledger.errors import InputError
+from nsys_ledger.report.text import printable
 
 EXIT_INPUT_ERROR = 2
 
 
 def _fail(message: str) -> None:
-    click.echo(f"nsys-ledger: error: {message}", err=True)
+    # printable: a file name may hold a newline or an ESC; the error must stay one line
+    click.echo(f"nsys-ledger: error: {printable(message)}", err=True)
     sys.exit(EXIT_INPUT_ERROR)
 
 
@@ -30,6 +32,8 @@ def _writable(path: str) -> Path:
         raise InputError(path, "cannot write output: is a directory")
     if not target.parent.exists():
         raise InputError(path, f"cannot write output: directory {target.parent} does not exist")
+    if not target.parent.is_dir():
+        raise InputError(path, f"cannot write output: {target.parent} is not a directory")
     if not os.access(target.parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
         raise InputError(path, "cannot write output: permission denied")
     return target
@@ -66,7 +70,7 @@ def main() -> None:
 
 
 @main.command()
-@click.argument("trace", type=click.Path(dir_okay=True, path_type=str))
+@click.argument("traces", metavar="TRACE...", nargs=-1, required=True, type=click.Path(dir_okay=True, path_type=str))
 @click.option("--expect", "expect", type=click.Path(path_type=str), help="Expectations (ledger) TOML file.")
 @click.option("--step-nvtx", help="Regex of the NVTX range that marks one decode step.")
 @click.option(
@@ -76,23 +80,114 @@ def main() -> None:
     help="Force how steps are found (default: the expectations' [steps] method, else auto).",
 )
 @click.option("--gap-us", type=float, help="Gap threshold in microseconds (default: expectations, else 2).")
+@click.option("--batch", type=click.IntRange(1), default=None,
+              help="Requests per decode step, for kernels per output token (default: the expectations' batch).")
+@click.option("--per-stream-gaps", is_flag=True, help="Also find the idle gaps of every stream on its own.")
 @click.option("--json", "json_path", type=click.Path(path_type=str), help="Write the JSON result to this file.")
-def check(trace, expect, step_nvtx, step_method, gap_us, json_path) -> None:
+@click.option("--html", "html_path", type=click.Path(path_type=str),
+              help="Write the triage report (one self-contained HTML file) to this file.")
+@click.option("--junit", "junit_path", type=click.Path(path_type=str),
+              help="Write JUnit XML (one test case per check) to this file.")
+@click.option("--markdown", "markdown_path", type=click.Path(path_type=str),
+              help="Write a short Markdown summary (CI step summary, PR comment) to this file.")
+@click.option("-j", "--jobs", type=click.IntRange(1), default=None,
+              help="Processes for several trace files (default: one per file, at most one per core).")
+def check(traces, expect, step_nvtx, step_method, gap_us, batch, per_stream_gaps, json_path, html_path, junit_path,
+          markdown_path, jobs) -> None:
     """Count the kernels of every decode step in TRACE and compare them with the ledger.
 
     \b
+    Several TRACEs (files, directories, glob patterns) are one export per rank: each is
+    checked in its own process and the ranks are stacked (rank = file order, then process
+    order in a file), e.g. `nsys-ledger check rank*.sqlite --expect ledger.toml`.
+
+    \b
     Exit codes: 0 pass (or summary without --expect), 1 ledger violated, 2 bad input.
+    \b
+    In CI:
+      nsys-ledger check trace.sqlite --expect ledger.toml --html report.html --junit junit.xml \\
+          --markdown summary.md
     """
-    from nsys_ledger.api import check as run_check
+    from nsys_ledger.multifile import check_many
+    from nsys_ledger.report.html import write_html
     from nsys_ledger.report.json_report import write_json
+    from nsys_ledger.report.junit import write_junit
+    from nsys_ledger.report.markdown import write_markdown
     from nsys_ledger.report.terminal import render
 
-    json_target = _writable(json_path) if json_path else None
-    result = run_check(trace, expect, step_nvtx=step_nvtx, step_method=step_method, gap_us=gap_us)
+    outputs = [
+        (label, writer, _writable(path))
+        for label, writer, path in (("json", write_json, json_path), ("html", write_html, html_path),
+                                    ("junit", write_junit, junit_path), ("markdown", write_markdown, markdown_path))
+        if path
+    ]
+    result = check_many(traces, expect, workers=jobs, keep_events=bool(html_path),
+                        step_nvtx=step_nvtx, step_method=step_method, gap_us=gap_us, batch=batch,
+                        per_stream_gaps=per_stream_gaps)
     click.echo(render(result))
-    if json_target:
-        write_json(result, json_target)
-        click.echo(f"json      {json_target}")
+    for label, writer, target in outputs:
+        _write_output(writer, result, target, label)
+    sys.exit(result.exit_code)
+
+
+def _write_output(writer, result, target: Path, label: str) -> None:
+    try:
+        writer(result, target)
+    except OSError as error:  # checked before the work, but a disk can fill up meanwhile
+        raise InputError(target, f"cannot write output: {error.strerror or error}") from None
+    click.echo(f"{label:<9} {target}")
+
+
+@main.command()
+@click.argument("before", type=click.Path(dir_okay=True, path_type=str))
+@click.argument("after", type=click.Path(dir_okay=True, path_type=str))
+@click.option("--expect", "expect", type=click.Path(path_type=str),
+              help="Expectations (ledger) TOML file: names the ops and runs the checks on both traces.")
+@click.option("--step-nvtx", help="Regex of the NVTX range that marks one decode step.")
+@click.option("--step-method", type=click.Choice(["auto", "nvtx", "graph", "marker"]), default=None,
+              help="Force how steps are found in both traces.")
+@click.option("--gap-us", type=float, help="Gap threshold in microseconds (default: expectations, else 2).")
+@click.option("--allow-launches", type=click.FloatRange(0), default=0, show_default=True,
+              help="Extra kernel launches per step (median; in all, per op, per layer group) still not worse.")
+@click.option("--max-slowdown", type=click.FloatRange(0), default=None,
+              help="Also worse when the p90 step time rose by more than this percentage (default: not checked).")
+@click.option("--json", "json_path", type=click.Path(path_type=str), help="Write the diff as JSON to this file.")
+@click.option("--html", "html_path", type=click.Path(path_type=str), help="Write the diff as an HTML page.")
+def diff(before, after, expect, step_nvtx, step_method, gap_us, allow_launches, max_slowdown, json_path,
+         html_path) -> None:
+    """Compare the ledger of AFTER with BEFORE; exit 1 when AFTER is worse.
+
+    \b
+    Worse (the default rule): more kernel launches per step (in all, per op, per layer
+    group), more CPU submissions, graph launches, H2D or pageable H2D copies per step, an
+    idle-gap cause BEFORE did not have, or a ledger check that fails only in AFTER. Per-step
+    figures are medians over the decode steps.
+    \b
+    Exit codes: 0 not worse, 1 worse, 2 bad input.
+    \b
+    Example:
+      nsys-ledger diff main.sqlite pr.sqlite --expect expectations/glm-5.3-tp8-ep8.toml --html diff.html
+    """
+    from nsys_ledger.api import check as run_check
+    from nsys_ledger.diff import WorseningRule, diff_results
+    from nsys_ledger.ledger import load_expectations
+    from nsys_ledger.report.diff_report import render_diff, write_diff_html, write_diff_json
+
+    outputs = [
+        (label, writer, _writable(path))
+        for label, writer, path in (("json", write_diff_json, json_path), ("html", write_diff_html, html_path))
+        if path
+    ]
+    expectations_ = load_expectations(expect) if expect else None
+    options = dict(step_nvtx=step_nvtx, step_method=step_method, gap_us=gap_us)
+    result = diff_results(
+        run_check(before, expectations_, **options),
+        run_check(after, expectations_, **options),
+        WorseningRule(extra_launches_per_step=allow_launches, step_time_slowdown_pct=max_slowdown),
+    )
+    click.echo(render_diff(result))
+    for label, writer, target in outputs:
+        _write_output(writer, result, target, label)
     sys.exit(result.exit_code)
 
 
@@ -119,16 +214,33 @@ def expectations_show(file) -> None:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--fault", "faults", multiple=True, help="Inject a fault (repeatable); see --list-faults.")
 @click.option("--step-nvtx/--no-step-nvtx", default=False, help="Wrap each forward pass in an NVTX range.")
-def synth(out, mode, steps, ranks, batch, seed, faults, step_nvtx) -> None:
+@click.option("--nsys-version", default="2026.2", show_default=True,
+              help="Write the export layout of this nsys release: 2021, 2022, 2023.1, 2023.2, 2023.3, 2024, "
+                   "2025, 2026 (or a full version such as 2024.6.2).")
+@click.option("--layerwise-nvtx/--no-layerwise-nvtx", default=True, show_default=True,
+              help="SGLang's per-module NVTX ranges (without them layers can only be inferred).")
+@click.option("--capture-batch", "capture_batches", type=click.IntRange(1), multiple=True,
+              help="Graph mode: also capture a decode graph for this batch size (repeatable; decode "
+                   "replays the --batch one).")
+@click.option("--clone-links", type=click.IntRange(1), default=1, show_default=True,
+              help="Graph mode: clone links from each exec graph node back to its capture node.")
+def synth(out, mode, steps, ranks, batch, seed, faults, step_nvtx, nsys_version, layerwise_nvtx, capture_batches,
+          clone_links) -> None:
     """Write a synthetic nsys SQLite export of GLM-5.3 decode to OUT."""
     from nsys_ledger.synth import FAULTS, generate
+    from nsys_ledger.synth.schema_eras import era_for_version
 
     unknown = [f for f in faults if f not in FAULTS]
     if unknown:
         raise click.BadParameter(f"unknown fault(s) {', '.join(unknown)}; known: {', '.join(FAULTS)}")
+    try:
+        era_for_version(nsys_version)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--nsys-version") from None
     _writable(out)
     summary = generate(out, mode=mode, steps=steps, ranks=ranks, batch=batch, seed=seed, faults=tuple(faults),
-                       step_nvtx=step_nvtx)
+                       step_nvtx=step_nvtx, nsys_version=nsys_version, layerwise_nvtx=layerwise_nvtx,
+                       capture_batch_sizes=(batch, *capture_batches), clone_links=clone_links)
     click.echo(f"wrote {out}: {summary.describe() if hasattr(summary, 'describe') else summary}")
 
 

@@ -24,7 +24,8 @@ def invoke(*args: str):
 def test_check_healthy_exits_0_and_says_what_it_checked():
     result = invoke("check", HEALTHY, "--expect", GLM)
     assert result.exit_code == 0, result.output
-    assert "PASS all 10 checks passed on 4 decode steps" in result.output
+    # 10 per-step checks and 8 per-layer ones (6 class groups, undeclared groups, uniform)
+    assert "PASS all 18 checks passed on 4 decode steps" in result.output
     assert "anchor fused_add_rmsnorm" in result.output and "156" in result.output
 
 
@@ -48,7 +49,7 @@ def test_json_output_follows_the_documented_schema(tmp_path):
     result = invoke("check", str(SAMPLES / "glm5-graph-broken-fusion.sqlite"), "--expect", GLM, "--json", str(out))
     assert result.exit_code == 1
     doc = json.loads(out.read_text())
-    assert doc["schema_version"] == "1.0"
+    assert doc["schema_version"] == "1.1"
     assert set(doc) >= {"schema_version", "trace", "totals", "steps", "findings", "verdict", "checks"}
     assert doc["trace"]["path"].endswith("glm5-graph-broken-fusion.sqlite")
     assert doc["trace"]["nsys_version"].startswith("2026.2")
@@ -59,7 +60,14 @@ def test_json_output_follows_the_documented_schema(tmp_path):
     assert step["index"] == 0 and step["kernels"] == 2158
     assert step["ops"]["fused_add_rmsnorm"] == 156
     assert step["ops"]["per_token_group_quant"] == 231
-    assert [f["source"] for f in doc["findings"]] == ["anchors.per_token_group_quant"]
+    assert [f["source"] for f in doc["findings"]] == [
+        "anchors.per_token_group_quant",
+        "layers.classes.dense.groups.ffn",  # layer 0: 4 (its input norm is a plain RMSNorm)
+        "layers.classes.dense.groups.ffn",  # layers 1-2: 5
+        "layers.classes.moe.groups.ffn",  # layers 3-77: 10
+    ]
+    assert [f["layers"] for f in doc["findings"]] == [None, "0", "1-2", "3-77"]
+    assert doc["layers"]["kernels_by_how"]["capture_nvtx"] == 4 * (1998 + 155)
 
 
 def test_json_schema_doc_names_every_top_level_field(tmp_path):

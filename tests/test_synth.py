@@ -501,7 +501,8 @@ def test_unknown_fault_rejected(tmp_path):
     with pytest.raises(ValueError):
         generate(tmp_path / "x.sqlite", faults=("nope",))
     assert set(FAULTS) == {"broken_fusion", "chunked_indexer", "extra_gaps", "extra_h2d",
-                           "split_graph", "layer_fault", "pageable_h2d"}
+                           "split_graph", "layer_fault", "pageable_h2d", "extra_gaps_host",
+                           "extra_gaps_sync", "extra_gaps_collective"}
 
 
 @pytest.mark.skipif(not (SAMPLES / "manifest.json").exists(), reason="samples not generated")

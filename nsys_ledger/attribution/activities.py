@@ -58,6 +58,8 @@ def with_launch_calls(activities: pl.DataFrame, api_calls: pl.DataFrame) -> pl.D
 
     One graph launch fans out to every node of the replay; the join keeps that (many
     activities, one call). Correlation ids are unique per process for launch-like calls.
+    Only the join keys go through the join and the four new columns are appended, so the
+    activities keep their order and their columns are shared, not copied (millions of rows).
     """
     calls = (
         api_calls.filter(pl.col("correlation").is_not_null())
@@ -71,4 +73,7 @@ def with_launch_calls(activities: pl.DataFrame, api_calls: pl.DataFrame) -> pl.D
         )
         .unique(subset=["pid", "correlation"], keep="first")
     )
-    return activities.join(calls, on=["pid", "correlation"], how="left")
+    launches = activities.select("pid", "correlation").join(
+        calls, on=["pid", "correlation"], how="left", maintain_order="left"
+    )
+    return activities.hstack(launches.drop("pid", "correlation"))

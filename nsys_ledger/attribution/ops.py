@@ -33,11 +33,13 @@ def op_table(names: pl.Series, expectations: Expectations | None) -> pl.DataFram
 
 
 def with_ops(activities: pl.DataFrame, expectations: Expectations | None) -> pl.DataFrame:
-    """Add `op` and `group` to kernel rows; copies and memsets get null."""
-    kernel_names = activities.filter(pl.col("activity") == "kernel")["name"]
-    table = op_table(kernel_names, expectations)
-    joined = activities.join(table, on="name", how="left")
-    return joined.with_columns(
-        pl.when(pl.col("activity") == "kernel").then(pl.col("op")).otherwise(None).alias("op"),
-        pl.when(pl.col("activity") == "kernel").then(pl.col("group")).otherwise(None).alias("group"),
+    """Add `op` and `group` to kernel rows; copies and memsets get null.
+
+    Only the names go through the join; the activities keep their order and columns."""
+    is_kernel = activities["activity"] == "kernel"
+    table = op_table(activities["name"].filter(is_kernel), expectations)
+    looked_up = activities.select("name").join(table, on="name", how="left", maintain_order="left")
+    return activities.with_columns(
+        pl.when(is_kernel).then(looked_up["op"]).otherwise(None).alias("op"),
+        pl.when(is_kernel).then(looked_up["group"]).otherwise(None).alias("group"),
     )

@@ -121,8 +121,8 @@ def find_steps(
         method=chosen,
         detail=detail,
         windows=numbered,
-        activities=placed.join(step_of_window, on=["key", "window"], how="left"),
-        api_calls=placed_calls.join(step_of_window, on=["key", "window"], how="left"),
+        activities=_with_steps(placed, step_of_window),
+        api_calls=_with_steps(placed_calls, step_of_window),
     )
 
 
@@ -147,15 +147,20 @@ def _marker_calls(activities: pl.DataFrame, marker_regex: str | None) -> pl.Data
     if not marker_regex:
         return pl.DataFrame(schema={"pid": pl.Int64, "t": pl.Int64})
     re.compile(marker_regex)
+    # the regex runs once per distinct name, not once per kernel (millions of rows, ~100 names)
+    names = activities["name"].unique().drop_nulls()
+    markers = names.filter(names.str.contains(marker_regex))
     return (
-        activities.filter(
+        activities.lazy()
+        .filter(
             (pl.col("activity") == "kernel")
             & pl.col("api_start").is_not_null()
-            & pl.col("name").str.contains(marker_regex)
+            & pl.col("name").is_in(markers.implode())
         )
         .select("pid", pl.col("api_start").alias("t"))
         .unique()
         .sort("pid", "t")
+        .collect()
     )
 
 
@@ -213,31 +218,39 @@ def _nvtx_windows(nvtx: pl.DataFrame, regex: str) -> pl.DataFrame:
 
 
 def _place(frame: pl.DataFrame, windows: pl.DataFrame, *, time_col: str, key_col: str) -> pl.DataFrame:
-    """Add `key, window`: the window whose [host_start, host_end] holds `time_col` (else null)."""
+    """Add `key, window`: the window whose [host_start, host_end] holds `time_col` (else null).
+
+    Only the key, the time and the row's position are sorted for the as-of join; the windows
+    found are scattered back to the rows' positions. So `frame` keeps its row order, and its
+    columns are shared with the result instead of copied (there are millions of activities).
+    """
     original_columns = [c for c in frame.columns if c not in ("key", "window")]
-    with_key = frame.with_columns(pl.col(key_col).alias("key"), pl.int_range(pl.len()).alias("_order"))
-    if windows.height == 0:
-        return with_key.with_columns(pl.lit(None, pl.Int64).alias("window")).select(
-            *original_columns, "key", "window"
-        )
-    timed = with_key.filter(pl.col(time_col).is_not_null()).sort("key", time_col)
-    lookup = windows.select("key", "window", "host_start", "host_end").sort("key", "host_start")
-    matched = timed.join_asof(
-        lookup,
-        left_on=time_col,
-        right_on="host_start",
-        by="key",
-        strategy="backward",
-        check_sortedness=False,
-    ).with_columns(
-        pl.when(pl.col(time_col) <= pl.col("host_end")).then(pl.col("window")).otherwise(None).alias("window")
+    keyed = frame.select(pl.col(key_col).alias("key"), pl.col(time_col).alias("_time"))
+    window = pl.repeat(None, frame.height, dtype=pl.Int64, eager=True).alias("window")
+    if windows.height and frame.height:
+        timed = keyed.with_row_index("_position").filter(pl.col("_time").is_not_null()).sort("key", "_time")
+        lookup = windows.select("key", "window", "host_start", "host_end").sort("key", "host_start")
+        matched = timed.join_asof(
+            lookup,
+            left_on="_time",
+            right_on="host_start",
+            by="key",
+            strategy="backward",
+            check_sortedness=False,
+        ).filter(pl.col("_time") <= pl.col("host_end"))
+        window = window.scatter(matched["_position"], matched["window"])
+    return frame.select(original_columns).with_columns(keyed["key"], window)
+
+
+def _with_steps(placed: pl.DataFrame, step_of_window: pl.DataFrame) -> pl.DataFrame:
+    """`placed` plus the `step, rank, decode` of its window (null outside any window).
+
+    Only the window keys go through the join, so the rows keep their order and the columns
+    are shared, not copied."""
+    looked_up = placed.select("key", "window").join(
+        step_of_window, on=["key", "window"], how="left", maintain_order="left"
     )
-    untimed = with_key.filter(pl.col(time_col).is_null()).with_columns(pl.lit(None, pl.Int64).alias("window"))
-    return (
-        pl.concat([matched.select(untimed.columns), untimed], how="vertical")
-        .sort("_order")
-        .select(*original_columns, "key", "window")
-    )
+    return placed.hstack(looked_up.select("step", "rank", "decode"))
 
 
 def _judge_windows(

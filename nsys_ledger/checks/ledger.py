@@ -18,7 +18,8 @@ STEP_KEY = ["rank", "step"]
 
 @dataclass(frozen=True)
 class Finding:
-    check: str  # "anchor", "total", "h2d", "h2d_pageable", "h2d_bytes", "graph_launches", "gaps", "steps", "capture"
+    check: str  # "anchor", "total", "h2d", "h2d_pageable", "h2d_bytes", "graph_launches", "graph_break", "gaps",
+    # "rank_imbalance", "steps", "capture"
     subject: str  # what was checked: the op name for anchors, else the check name
     source: str  # the expectations key, e.g. "anchors.fused_add_rmsnorm"
     message: str  # one line, complete on its own
@@ -27,6 +28,7 @@ class Finding:
     observed: str  # "312" or "157-160"
     expected: str  # "156"
     hint: str | None = None
+    layers: str | None = None  # per-layer checks: the layers at fault, compact ("3-77", "41")
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,7 @@ def describe_steps(failing: pl.DataFrame) -> str:
     if by_rank.height == 1 and by_rank["rank"][0] == 0:
         return compact_ranges(by_rank["step"][0].to_list())
     return "; ".join(
-        f"rank {rank}: {compact_ranges(steps.to_list())}" for rank, steps in by_rank.iter_rows()
+        f"rank {rank}: {compact_ranges(list(steps))}" for rank, steps in by_rank.iter_rows()
     )
 
 
@@ -89,8 +91,10 @@ def range_check(
     hint_low: str | None = None,
     hint_high: str | None = None,
     formula: str | None = None,
+    sides: tuple[str, ...] = ("too few", "too many"),
 ) -> list[Finding]:
-    """Steps whose `column` lies outside `expected`: one finding for those too low, one for too high."""
+    """Steps whose `column` lies outside `expected`: one finding for those too low, one for too
+    high (only the `sides` asked for)."""
     low = expected.low if expected.low is not None else float("-inf")
     high = expected.high if expected.high is not None else float("inf")
     total_steps = table.height
@@ -100,6 +104,8 @@ def range_check(
         ("too few", pl.col(column) < low, hint_low),
         ("too many", pl.col(column) > high, hint_high),
     ):
+        if side not in sides:
+            continue
         failing = table.filter(condition)
         if failing.height == 0:
             continue
@@ -122,12 +128,9 @@ def check_ledger(
     expectations: Expectations,
     steps_table: pl.DataFrame,
     ops_table: pl.DataFrame,
-    gaps: pl.DataFrame,
-    *,
-    step_method: str,
-    gap_threshold_ns: int,
 ) -> list[CheckOutcome]:
-    """Run every per-step check the expectations declare."""
+    """The per-step count checks: every anchor and the total. (H2D copies, graph launches,
+    gaps and ranks are timeline checks: checks.timeline.timeline_outcomes.)"""
     outcomes: list[CheckOutcome] = []
     for anchor in expectations.anchors:
         findings = range_check(
@@ -142,72 +145,12 @@ def check_ledger(
         what="kernels", hint_low=expectations.total_hint_low, hint_high=expectations.total_hint_high,
     )
     outcomes.append(_outcome("total kernels per step", "total", expectations.total, steps_table["kernels"], total))
-
-    h2d = expectations.h2d
-    h2d_findings = range_check(
-        steps_table, "h2d", h2d.per_step, check="h2d", subject="h2d", source=h2d.source,
-        what="host-to-device copies",
-        hint_high="each extra H2D copy adds its latency to every decode step; it usually sits next to a graph break",
-    )
-    if not h2d.pageable_allowed:
-        h2d_findings += range_check(
-            steps_table, "h2d_pageable", Range(0, 0), check="h2d_pageable", subject="h2d_pageable",
-            source=f"{h2d.source}.pageable_allowed", what="pageable host-to-device copies",
-            hint_high="a pageable source blocks the host until the copy is staged: pin the buffer",
-        )
-    if h2d.max_bytes is not None:
-        h2d_findings += range_check(
-            steps_table.with_columns(pl.col("h2d_max_bytes").fill_null(0)), "h2d_max_bytes",
-            Range(None, h2d.max_bytes), check="h2d_bytes", subject="h2d_bytes", source=f"{h2d.source}.max_bytes",
-            what="largest host-to-device copy (bytes)",
-        )
-    outcomes.append(_outcome("H2D copies per step", h2d.source, h2d.per_step, steps_table["h2d"], h2d_findings))
-
-    if expectations.graph_launches_per_step is not None and step_method == "graph":
-        launches = range_check(
-            steps_table, "graph_launches", expectations.graph_launches_per_step, check="graph_launches",
-            subject="graph_launches", source="graphs.launches_per_step", what="CUDA graph launches",
-            hint_high="the decode graph is split: each extra replay is a graph break with host work between",
-            hint_low="no graph replay in the step: the step ran eagerly",
-        )
-        outcomes.append(
-            _outcome("graph launches per step", "graphs.launches_per_step",
-                     expectations.graph_launches_per_step, steps_table["graph_launches"], launches)
-        )
-
-    gap_findings = _gap_findings(steps_table, gaps, gap_threshold_ns)
-    outcomes.append(
-        _outcome(f"gaps above {gap_threshold_ns / 1000:g} us", "gaps.threshold_us", Range(0, 0),
-                 steps_table["gaps"], gap_findings)
-    )
     return outcomes
 
 
 def _outcome(name: str, source: str, expected: Range, values: pl.Series, findings: list[Finding]) -> CheckOutcome:
     observed = _describe_values(values) if len(values) else "-"
     return CheckOutcome(name, source, expected.describe(), observed, tuple(findings))
-
-
-def _gap_findings(steps_table: pl.DataFrame, gaps: pl.DataFrame, threshold_ns: int) -> list[Finding]:
-    if gaps.height == 0:
-        return []
-    failing = steps_table.filter(pl.col("gaps") > 0)
-    worst = gaps.sort("duration", descending=True).row(0, named=True)
-    steps_text = describe_steps(failing)
-    observed = _describe_values(failing["gaps"])
-    message = (
-        f"idle gaps above {threshold_ns / 1000:g} us: {observed} per step in {failing.height} of "
-        f"{steps_table.height} steps (steps {steps_text}); the largest is {worst['duration'] / 1000:.1f} us "
-        f"in step {worst['step']} after {short_kernel_name(worst['before'])} before "
-        f"{short_kernel_name(worst['after'])}"
-    )
-    return [
-        Finding(
-            check="gaps", subject="gaps", source="gaps.threshold_us", message=message, steps=steps_text,
-            failing_steps=failing.height, observed=observed, expected="0",
-            hint="the GPU waited: host preparing metadata, a graph break, or a collective waiting for its peers",
-        )
-    ]
 
 
 def short_kernel_name(name: str | None, limit: int = 60) -> str:

@@ -14,8 +14,9 @@ SUBMISSION_KINDS = ["kernel_launch", "graph_launch", "memcpy", "memset"]
 STEP_KEY = ["rank", "step"]
 
 
-def _decode_activities(steps: Steps) -> pl.DataFrame:
-    return steps.activities.filter(pl.col("decode").fill_null(False))
+def _decode_activities(steps: Steps) -> pl.LazyFrame:
+    """Lazy, so that only the columns an aggregation reads are filtered (not all of them)."""
+    return steps.activities.lazy().filter(pl.col("decode").fill_null(False))
 
 
 def step_table(steps: Steps, gaps: pl.DataFrame) -> pl.DataFrame:
@@ -34,7 +35,7 @@ def step_table(steps: Steps, gaps: pl.DataFrame) -> pl.DataFrame:
         (_is_h2d() & (pl.col("src_kind") == "Pageable")).sum().cast(pl.Int64).alias("h2d_pageable"),
         pl.col("bytes").filter(_is_h2d()).sum().cast(pl.Int64).alias("h2d_bytes"),
         pl.col("bytes").filter(_is_h2d()).max().cast(pl.Int64).alias("h2d_max_bytes"),
-    )
+    ).collect()
     calls = (
         steps.api_calls.filter(pl.col("decode").fill_null(False))
         .group_by(STEP_KEY)
@@ -68,36 +69,9 @@ def op_counts(steps: Steps, ops: list[str]) -> pl.DataFrame:
     """Kernels per step and op, wide: one column per op (zero when absent), plus `other`."""
     kernels = _decode_activities(steps).filter(pl.col("activity") == "kernel")
     decode_steps = steps.decode.select(STEP_KEY)
-    long = kernels.group_by(*STEP_KEY, "op").agg(pl.len().cast(pl.Int64).alias("count"))
+    long = kernels.group_by(*STEP_KEY, "op").agg(pl.len().cast(pl.Int64).alias("count")).collect()
     wide = long.pivot(on="op", index=STEP_KEY, values="count") if long.height else decode_steps
     result = decode_steps.join(wide, on=STEP_KEY, how="left")
     missing = [op for op in [*ops, "other"] if op not in result.columns]
     result = result.with_columns(pl.lit(0, pl.Int64).alias(op) for op in missing)
     return result.with_columns(pl.col(op).fill_null(0) for op in [*ops, "other"]).sort(STEP_KEY)
-
-
-def step_gaps(steps: Steps, threshold_ns: int) -> pl.DataFrame:
-    """Idle intervals longer than `threshold_ns` inside each step, per device.
-
-    Kernels, copies and memsets of all streams are merged into busy time: the device is idle
-    only when no stream runs anything. The activity before a gap is the one whose end the
-    busy time reached last; the one after is the next to start.
-    """
-    activities = _decode_activities(steps).sort("rank", "step", "device", "start")
-    group = ["rank", "step", "device"]
-    busy_until = pl.col("end").cum_max().over(group)
-    last_to_end = pl.when(pl.col("end") == busy_until).then(pl.col("name")).otherwise(None)
-    with_prev = activities.with_columns(
-        busy_until.shift(1).over(group).alias("idle_from"),
-        last_to_end.forward_fill().over(group).shift(1).over(group).alias("before"),
-    )
-    gaps = with_prev.filter(pl.col("start") - pl.col("idle_from") > threshold_ns)
-    return gaps.select(
-        *group,
-        pl.col("idle_from").alias("start"),
-        pl.col("start").alias("end"),
-        (pl.col("start") - pl.col("idle_from")).alias("duration"),
-        "before",
-        pl.col("name").alias("after"),
-        pl.col("op").alias("after_op") if "op" in gaps.columns else pl.lit(None, pl.Utf8).alias("after_op"),
-    )

@@ -16,7 +16,10 @@ The layout (every table but ``[model]`` and ``[ops]`` may be left out):
 [gaps]     threshold_us = 2
 [h2d]      per_step = RANGE, max_bytes = N, pageable_allowed = false
 [graphs]   launches_per_step = RANGE
-[layers]   regex = REGEX (one capturing group: the layer index), opening_op = OP
+[ranks]    max_imbalance_pct = P   (busy time of the slowest rank over the least busy one)
+[layers]   regex = REGEX (one capturing group: the layer index), opening_op = OP,
+           first_opening_op = OP, opening_followed_by = OP, closing_op = OP, uniform = BOOL
+[layers.modules]       SUBMODULE = GROUP or [GROUP, ...]   (NVTX sub-module -> ledger groups)
 [layers.classes.NAME]  layers = LAYERS, groups = { GROUP = RANGE, ... }, count = F
 ```
 
@@ -51,13 +54,15 @@ from nsys_ledger.ledger.model import (
     Expectations,
     H2DRule,
     LayerClass,
+    LayerRule,
     OpDef,
     Range,
     StepRule,
 )
 
-TOP_LEVEL = ("model", "params", "steps", "ops", "anchors", "total", "gaps", "h2d", "graphs", "layers")
+TOP_LEVEL = ("model", "params", "steps", "ops", "anchors", "total", "gaps", "h2d", "graphs", "ranks", "layers")
 STEP_METHODS = ("auto", "nvtx", "graph", "marker")
+_LAYER_RULE_KEYS = ("first_opening_op", "opening_followed_by", "closing_op", "uniform")
 DEFAULT_GAP_US = 2.0  # the seed's threshold
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
@@ -314,7 +319,9 @@ class _Loader:
         gap_ns = self.load_gaps()
         h2d = self.load_h2d()
         graphs = self.load_graphs()
+        rank_imbalance_pct = self.load_ranks()
         layer_regex, opening_op, classes = self.load_layers(ops)
+        layer_rule = self.load_layer_rule(ops)
         self.check_total_against_layers(total, classes)
 
         batch = None
@@ -342,6 +349,8 @@ class _Loader:
             layer_regex=layer_regex,
             layer_classes=classes,
             layer_opening_op=opening_op,
+            layer_rule=layer_rule,
+            rank_imbalance_pct=rank_imbalance_pct,
         )
 
     def load_params(self) -> None:
@@ -478,11 +487,23 @@ class _Loader:
             return None
         return self.range_value(table["launches_per_step"], "graphs.launches_per_step")
 
+    def load_ranks(self) -> float | None:
+        table = self.table(self.doc, "ranks", "ranks")
+        if table is None:
+            return None
+        self.known(table, "ranks", ("max_imbalance_pct",))
+        if "max_imbalance_pct" not in table:
+            return None
+        pct = self.number(table["max_imbalance_pct"], "ranks.max_imbalance_pct")
+        if pct < 0:
+            raise self.fail("ranks.max_imbalance_pct", f"must be >= 0, got {pct:g}")
+        return float(pct)
+
     def load_layers(self, ops: dict[str, OpDef]) -> tuple[str | None, str | None, tuple[LayerClass, ...]]:
         table = self.table(self.doc, "layers", "layers")
         if table is None:
             return None, None, ()
-        self.known(table, "layers", ("regex", "opening_op", "classes"))
+        self.known(table, "layers", ("regex", "opening_op", *_LAYER_RULE_KEYS, "modules", "classes"))
         layer_regex = None
         if "regex" in table:
             layer_regex = self.regex(table["regex"], "layers.regex", "layer")
@@ -546,6 +567,31 @@ class _Loader:
                         )
             classes.append(LayerClass(name=cname, layers=layers, groups=groups, source=key))
         return layer_regex, opening, tuple(classes)
+
+    def load_layer_rule(self, ops: dict[str, OpDef]) -> LayerRule:
+        """The inference keys, the sub-module map and `uniform` of [layers] (see LayerRule)."""
+        table = self.table(self.doc, "layers", "layers") or {}
+        named_ops: dict[str, str | None] = {}
+        for name in ("first_opening_op", "opening_followed_by", "closing_op"):
+            op = self.get(table, name, "layers", str)
+            if op is not None and op not in ops:
+                raise self.fail(f"layers.{name}", f"unknown op {op!r} (ops: {_short(ops)})")
+            named_ops[name] = op
+        uniform = self.get(table, "uniform", "layers", bool, default=False)
+        declared_groups = {op.group for op in ops.values() if op.group}
+        modules: dict[str, tuple[str, ...]] = {}
+        for submodule, value in (self.table(table, "modules", "layers.modules") or {}).items():
+            key = f"layers.modules.{submodule}"
+            groups = [value] if isinstance(value, str) else value
+            if not isinstance(groups, list) or not groups or not all(isinstance(g, str) for g in groups):
+                raise self.fail(key, f"wrong type: expected a group name or a non-empty array of group names, got {_type_name(value)}")
+            for group in groups:
+                if group not in declared_groups:
+                    raise self.fail(
+                        key, f"group {group!r} is not declared by any op (groups: {', '.join(sorted(declared_groups))})"
+                    )
+            modules[submodule] = tuple(groups)
+        return LayerRule(modules=modules, uniform=uniform, **named_ops)
 
     def layer_list(self, value: Any, key: str, nlayers: int) -> tuple[int, ...]:
         out: list[int] = []
@@ -781,6 +827,8 @@ def render_expectations(exp: Expectations) -> str:
     add(f"H2D copies: {', '.join(h2d)}")
     graphs = exp.graph_launches_per_step
     add(f"Graph launches per step: {graphs.describe() if graphs is not None else 'not checked'}")
+    if exp.rank_imbalance_pct is not None:
+        add(f"Ranks: busy time of the slowest rank at most {exp.rank_imbalance_pct:g}% over the least busy")
     if exp.batch is not None:
         add(f"Batch: {exp.batch}")
     add("")
@@ -788,6 +836,17 @@ def render_expectations(exp: Expectations) -> str:
     add("Layers")
     add(f"  layer regex: {exp.layer_regex or '(none)'}")
     add(f"  opening op:  {exp.layer_opening_op or '(none)'}")
+    rule = exp.layer_rule
+    if rule.first_opening_op:
+        add(f"  layer 0 may open with: {rule.first_opening_op}")
+    if rule.opening_followed_by:
+        add(f"  an opening kernel is followed by {rule.opening_followed_by} before the next opening-op kernel")
+    if rule.closing_op:
+        add(f"  the layers end at the step's last {rule.closing_op}")
+    if rule.modules:
+        add("  sub-modules: " + ", ".join(f"{m} -> {'/'.join(g)}" for m, g in rule.modules.items()))
+    if rule.uniform:
+        add("  layers of the same classes launch the same kernels per group")
     for c in exp.layer_classes:
         add(f"  {c.name} ({len(c.layers)} layers): {compact_layers(c.layers)}")
         if c.groups:

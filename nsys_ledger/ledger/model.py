@@ -93,6 +93,30 @@ class LayerClass:
 
 
 @dataclass(frozen=True)
+class LayerRule:
+    """How kernels are given layers beyond the opening op ([layers] in the TOML).
+
+    Layer inference (traces without layer-wise NVTX) cuts a step's kernel sequence where a
+    layer opens: a kernel of the opening op, or of `first_opening_op` (layer 0 may have no
+    residual yet: a plain RMSNorm), that is followed by `opening_followed_by` before the next
+    kernel of either (an op that runs several times per layer, like the input and the
+    post-attention norm, opens the layer only where the QKV projection follows). The layers
+    end at the step's last kernel of `closing_op` (the final norm) when it comes after the last
+    opening. `modules` maps a sub-module name of the layer-wise NVTX path to the ledger groups
+    its kernels count in (the first one for kernels whose op group is not listed). `uniform`:
+    layers of the same classes launch the same number of kernels per group, so a layer that
+    differs from the others of its classes is a finding even inside the declared range.
+    """
+
+    first_opening_op: str | None = None
+    opening_followed_by: str | None = None
+    closing_op: str | None = None
+    modules: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    uniform: bool = False
+    source: str = "layers"
+
+
+@dataclass(frozen=True)
 class Expectations:
     path: str
     name: str
@@ -111,6 +135,8 @@ class Expectations:
     layer_regex: str | None  # NVTX text -> layer index (one group)
     layer_classes: tuple[LayerClass, ...] = ()
     layer_opening_op: str | None = None  # the op that starts every layer (layer inference)
+    layer_rule: LayerRule = field(default_factory=LayerRule)  # the rest of [layers]
+    rank_imbalance_pct: float | None = None  # [ranks] max_imbalance_pct; None: not checked
 
     def op_regexes(self) -> list[tuple[str, re.Pattern[str]]]:
         return [(name, re.compile(op.regex)) for name, op in self.ops.items()]

@@ -14,8 +14,11 @@ import polars as pl
 
 from nsys_ledger import __version__
 from nsys_ledger.api import Result
+from nsys_ledger.checks.layers import compact_layer_counts
+from nsys_ledger.checks.ledger import compact_ranges
+from nsys_ledger.report.timeline_json import step_timeline_fields, timeline_document
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"
 
 STEP_FIELDS = [
     "pid", "device", "host_start", "host_end", "gpu_start", "gpu_end", "duration_ns", "kernels", "kernel_ns",
@@ -59,7 +62,39 @@ def result_document(result: Result) -> dict:
         ],
         "findings": [asdict(f) for f in result.findings],
         "notices": list(result.notices),
+        "files": _files(result),
+        "layers": _layers(result),
+        "timeline": timeline_document(result),
         "verdict": result.verdict,
+    }
+
+
+def _layers(result: Result) -> dict | None:
+    """Layer attribution: coverage by how, and per-layer group counts, compact (see schema)."""
+    layers = result.layers
+    if layers is None:
+        return None
+    by_how = layers.kernels_by_how()
+    per_layer = [
+        {
+            "rank": rank,
+            "layers": layer_list,
+            "steps": compact_ranges(step_list),
+            "step_count": len(step_list),
+            "kernels": kernels,
+            "groups": {g: int(n) for g, n in (item.split("=") for item in groups.split(","))},
+        }
+        for rank, layer_list, step_list, groups, kernels in compact_layer_counts(layers.counts).iter_rows()
+    ]
+    return {
+        "regex": layers.regex,
+        "decode_kernels": sum(by_how.values()),
+        "kernels_by_how": by_how,
+        "share_with_layer": round(layers.share_with_layer, 6),
+        "inferred_steps": layers.inferred_steps,
+        "unresolved_graph_nodes": layers.unresolved_graph_nodes.to_dicts(),
+        "notes": list(layers.notes),
+        "per_layer": per_layer,
     }
 
 
@@ -70,9 +105,18 @@ def _steps(result: Result) -> list[dict]:
     for row in joined.iter_rows(named=True):
         step = {"index": row["step"], "rank": row["rank"]}
         step.update({field: row[field] for field in STEP_FIELDS})
+        step.update(step_timeline_fields(row))
         step["ops"] = {op: row[op] for op in op_columns if row[op]}
         documents.append(step)
     return documents
+
+
+def _files(result: Result) -> list[dict]:
+    """The input files in rank order and the ranks each one's processes became."""
+    if result.files:
+        return [{"path": f.path, "ranks": list(f.ranks)} for f in result.files]
+    ranks = result.steps.windows["rank"].drop_nulls().unique().sort().to_list()
+    return [{"path": result.trace.path, "ranks": ranks}]
 
 
 def write_json(result: Result, path: str | Path) -> None:

@@ -10,7 +10,10 @@ import click
 import polars as pl
 
 from nsys_ledger.api import Result
+from nsys_ledger.attribution.layers import inference_rule_text
 from nsys_ledger.checks.ledger import short_kernel_name
+from nsys_ledger.report.text import printable  # names and paths from the trace, escaped
+from nsys_ledger.report.timeline_text import timeline_lines
 
 MAX_STEP_ROWS = 12
 
@@ -20,7 +23,7 @@ def render(result: Result) -> str:
     lines += _facts(result)
     lines.append("")
     for notice in result.notices:
-        lines.append(click.style("notice  ", fg="yellow") + notice)
+        lines.append(click.style("notice  ", fg="yellow") + printable(notice))
     if result.notices:
         lines.append("")
     if result.expectations is not None:
@@ -28,6 +31,9 @@ def render(result: Result) -> str:
         lines.append("")
     lines += _step_rows(result)
     lines.append("")
+    timeline = timeline_lines(result, _table)
+    if timeline:
+        lines += [*timeline, ""]
     lines += _verdict(result)
     return "\n".join(lines)
 
@@ -38,26 +44,75 @@ def _facts(result: Result) -> list[str]:
     version = meta.nsys_version or "unknown version"
     schema = f" (schema {meta.schema_version})" if meta.schema_version else ""
     devices = ", ".join(
-        f"{d} {n or 'GPU'}" for d, n in trace.devices.select("device", "name").iter_rows()
+        f"{d} {printable(n or 'GPU')}" for d, n in trace.devices.select("device", "name").iter_rows()
     ) or "none"
     graph_mode = {"node": "CUDA graphs traced per node", "graph": "CUDA graphs traced per graph (no kernels inside)"}
     by_device = ", ".join(f"device {d}: {n:,}" for d, n in totals.kernels_by_device.items())
     excluded = steps.excluded.group_by("reason").agg(pl.len()).sort("len", descending=True)
-    excluded_text = "; ".join(f"{n} {reason}" for reason, n in excluded.iter_rows())
+    excluded_text = "; ".join(f"{n} {printable(reason)}" for reason, n in excluded.iter_rows())
     lines = [
-        click.style(f"nsys-ledger check {trace.path}", bold=True),
+        click.style(f"nsys-ledger check {printable(trace.path)}", bold=True),
         f"trace     nsys {version}{schema}; devices: {devices}"
         + (f"; {graph_mode[meta.cuda_graph_trace]}" if totals.graph_replays and meta.cuda_graph_trace in graph_mode
            else ""),
         f"totals    {totals.kernels:,} kernels ({by_device or 'none'}); {totals.h2d_copies:,} H2D copies "
         f"({totals.h2d_pageable} pageable); {totals.nvtx_ranges:,} NVTX ranges; {totals.api_launches:,} launch "
         f"calls; {totals.graph_replays:,} graph replays",
-        f"steps     {steps.decode.height} decode steps by {steps.method}: {steps.detail}",
+        f"steps     {steps.decode.height} decode steps by {steps.method}: {printable(steps.detail)}",
     ]
     if excluded_text:
         lines.append(f"excluded  {excluded_text}")
+    lines += _layer_lines(result)
+    lines += _file_lines(result)
     if result.expectations is not None:
-        lines.append(f"ledger    {result.expectations.name} ({result.expectations.path})")
+        lines.append(f"ledger    {printable(result.expectations.name)} ({printable(result.expectations.path)})")
+    return lines
+
+
+LAYER_HOW_LABELS = {
+    "capture_nvtx": "capture-time NVTX",
+    "replay_nvtx": "NVTX at launch",
+    "inferred": "inferred",
+    "none": "outside any layer",
+}
+
+
+def _layer_lines(result: Result) -> list[str]:
+    """Coverage of the layer attribution, and whether the layers had to be inferred."""
+    layers = result.layers
+    if layers is None or result.step_table.height == 0:
+        return []
+    by_how = layers.kernels_by_how()
+    total = sum(by_how.values())
+    if total == 0:
+        return []
+    found = layers.counts["layer"].n_unique()
+    parts = ", ".join(f"{LAYER_HOW_LABELS[how]} {n:,}" for how, n in by_how.items() if n)
+    lines = [f"layers    {layers.share_with_layer:.1%} of {total:,} decode kernels have a layer, {found} layers "
+             f"({parts})"]
+    if layers.inferred_steps:
+        rule = f": {inference_rule_text(result.expectations)}" if result.expectations else ""
+        lines.append(click.style("          layers INFERRED", bold=True)
+                     + f" in {layers.inferred_steps} decode steps (no layer-wise NVTX range){rule}")
+    lines += [f"          {printable(note)}" for note in layers.notes]
+    for status, nodes, kernels in layers.unresolved_graph_nodes.group_by("status").agg(
+        pl.col("nodes").sum(), pl.col("kernels").sum()
+    ).sort("status").iter_rows():
+        lines.append(f"          {kernels:,} graph kernels ({nodes:,} nodes) without a capture origin: {status}")
+    return lines
+
+
+MAX_FILE_ROWS = 12
+
+
+def _file_lines(result: Result) -> list[str]:
+    """Which ranks came from which file, when several files were checked together."""
+    lines = [
+        f"file      {'rank ' + ', '.join(map(str, f.ranks)) if f.ranks else 'no decode steps'}: {printable(f.path)}"
+        for f in result.files[:MAX_FILE_ROWS]
+    ]
+    if len(result.files) > MAX_FILE_ROWS:
+        lines.append(f"          ... {len(result.files) - MAX_FILE_ROWS} more files (all of them in --json)")
     return lines
 
 
@@ -67,7 +122,8 @@ def _checks(result: Result) -> list[str]:
     for outcome in result.outcomes:
         failing = max((f.failing_steps for f in outcome.findings), default=0)
         status = click.style("ok", fg="green") if outcome.passed else click.style("FAIL", fg="red", bold=True)
-        rows.append((outcome.name, outcome.expected, outcome.observed, f"{failing}/{total_steps}", status))
+        rows.append((printable(outcome.name), printable(outcome.expected), printable(outcome.observed),
+                     f"{failing}/{total_steps}", status))
     return _table(rows)
 
 
@@ -81,14 +137,19 @@ def _step_rows(result: Result) -> list[str]:
     anchor_ops = [a.op for a in result.expectations.anchors] if result.expectations else []
     joined = table.join(result.op_table.select("rank", "step", *anchor_ops), on=["rank", "step"], how="left")
     multi_rank = joined["rank"].n_unique() > 1
-    header = ("rank",) * multi_rank + ("step", "kernels", "submissions", "graphs", "H2D", "gaps", "time (us)")
-    header += tuple(anchor_ops)
+    per_token = result.batch is not None and "kernels_per_token" in joined.columns
+    # the seed's three columns first: CPU submissions, GPU kernels, GPU gaps (count and time)
+    header = ("rank",) * multi_rank + ("step", "submissions", "kernels") + (f"k/token@{result.batch}",) * per_token
+    header += ("gaps", "gap (us)", "graphs", "H2D", "time (us)") + tuple(anchor_ops)
     rows = [header]
     shown = joined.head(MAX_STEP_ROWS)
     for row in shown.iter_rows(named=True):
-        cells = (str(row["rank"]),) * multi_rank + (
-            str(row["step"]), str(row["kernels"]), str(row["cpu_submissions"]), str(row["graph_launches"]),
-            str(row["h2d"]), str(row["gaps"]), f"{(row['duration_ns'] or 0) / 1000:.1f}",
+        cells = (str(row["rank"]),) * multi_rank + (str(row["step"]), str(row["cpu_submissions"]), str(row["kernels"]))
+        if per_token:
+            cells += (f"{row['kernels_per_token']:.1f}",)
+        cells += (
+            str(row["gaps"]), f"{(row['gap_ns'] or 0) / 1000:.1f}", str(row["graph_launches"]), str(row["h2d"]),
+            f"{(row['duration_ns'] or 0) / 1000:.1f}",
         )
         cells += tuple(str(row[op]) for op in anchor_ops)
         rows.append(cells)
@@ -106,12 +167,14 @@ def _top_kernels(result: Result, limit: int = 10) -> list[str]:
     kernels = result.steps.activities.filter(
         (pl.col("decode").fill_null(False) | (not in_steps)) & (pl.col("activity") == "kernel")
     )
+    if kernels.height == 0 and result.files:
+        return ["  (kernel rows are not kept when several files are checked together; check one file for them)"]
     if kernels.height == 0:
         return ["  (none)"]
     steps = max(result.step_table.height, 1)
     top = kernels.group_by("name").agg(pl.len().alias("count")).sort("count", "name", descending=[True, False])
     return [
-        f"  {count / steps:8.1f}  {short_kernel_name(name, 90)}" for name, count in top.head(limit).iter_rows()
+        f"  {count / steps:8.1f}  {printable(short_kernel_name(name, 90))}" for name, count in top.head(limit).iter_rows()
     ]
 
 
@@ -126,9 +189,9 @@ def _verdict(result: Result) -> list[str]:
     lines = [click.style("FAIL", fg="red", bold=True) + f" {len(findings)} finding(s) in {checks} checks on "
              f"{steps} decode steps"]
     for finding in findings:
-        lines.append(f"  - [{finding.source}] {finding.message}")
+        lines.append(f"  - [{printable(finding.source)}] {printable(finding.message)}")
         if finding.hint:
-            lines.append(f"    hint: {finding.hint}")
+            lines.append(f"    hint: {printable(finding.hint)}")
     return lines
 
 

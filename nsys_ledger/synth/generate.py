@@ -21,7 +21,10 @@ graph mode (`--cuda-graph-trace=node`)
     its correlationId and carry the exec node ids and the graph id), the sampling kernel
     launched eagerly, cudaEventRecord, cudaEventSynchronize on the previous step.
     SGLang captures its graphs at start-up, before it serves any request, so the capture comes
-    before the prefill here. The scheduler overlaps CPU and GPU (it issues step k+1 while the
+    before the prefill here. With `capture_batch_sizes` one graph is captured per batch size,
+    largest first (each under its own layer-wise NVTX ranges, whose inputs carry that size),
+    and decode replays the one of `batch`; with `clone_links` > 1 each exec node is a clone of
+    a clone of ... the capture node. The scheduler overlaps CPU and GPU (it issues step k+1 while the
     GPU runs step k and only then waits for step k), so the host runs ahead of the GPU and a
     healthy step has no device idle gap above the 0.5-1 µs node-to-node gap. (The first
     decode step queues behind the prefill; with prefill=False it starts on an idle GPU and
@@ -38,6 +41,7 @@ All timestamps are integer ns. Everything is deterministic for a given seed.
 
 from __future__ import annotations
 
+import re
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -48,16 +52,31 @@ import numpy as np
 
 from nsys_ledger.synth import schedule as S
 from nsys_ledger.synth.nsys_schema import ERA_2026_2, SchemaEra
+from nsys_ledger.synth.schema_eras import era_for_version
 from nsys_ledger.synth.writer import SqliteTraceWriter
 
 FAULTS = ("broken_fusion", "chunked_indexer", "extra_gaps", "extra_h2d", "split_graph",
-          "layer_fault", "pageable_h2d")
+          "layer_fault", "pageable_h2d", "extra_gaps_host", "extra_gaps_sync",
+          "extra_gaps_collective")
 
 # "extra_gaps": (layer, op, extra idle ns) injected before that kernel in every decode step.
 # o_proj is on the main stream after the attention join, when the alt stream is idle, so the
-# delay is a device idle gap on every stream.
+# delay is a device idle gap on every stream. Nothing in the trace explains it (a device-side
+# delay): its cause is "unknown".
 GAP_SITES: tuple[tuple[int, str, int], ...] = ((12, "o_proj", 6_500), (40, "o_proj", 17_000),
                                                (68, "o_proj", 36_000))
+# Variants of extra_gaps whose cause the trace shows, one kind per fault, in every decode step:
+# "extra_gaps_collective": these collectives start late on the device although their launch
+#   was early (they wait for something outside the process: their peers). Both follow main
+#   stream work after the alt stream has joined, so the delay idles the whole device.
+COLLECTIVE_GAP_SITES: tuple[tuple[int, str, int], ...] = ((20, "attn_allreduce", 9_000),
+                                                          (50, "deepep.dispatch", 14_000))
+# "extra_gaps_host": the host prepares the sampling metadata only after the graph replay has
+#   finished, this long, then launches the sampling kernel: the GPU waits for the CPU.
+HOST_GAP_NS = 12_000
+# "extra_gaps_sync": after issuing the step's H2D copies the host calls cudaStreamSynchronize
+#   (reading a value back, as `.item()` does), works this long, then launches the graph.
+SYNC_GAP_HOST_NS = 4_000
 GAP_THRESHOLD_NS = 2_000
 
 VM_BITS = 1 << 48  # <HW:8=0><VM:8=1> as in the real exports
@@ -74,6 +93,12 @@ API_EVENT_RECORD = "cudaEventRecord_v3020"
 API_WAIT_EVENT = "cudaStreamWaitEvent_v3020"
 API_EVENT_SYNC = "cudaEventSynchronize_v3020"
 API_DEVICE_SYNC = "cudaDeviceSynchronize_v3020"
+API_STREAM_SYNC = "cudaStreamSynchronize_v3020"
+# 2021 exports hold the launches as driver calls (eventClass 1; driver names carry no suffix)
+API_DRIVER_LAUNCH = "cuLaunchKernel"
+API_DRIVER_GRAPH_LAUNCH = "cuGraphLaunch"
+EC_BACKTRACE = 67  # 2022 exports: a CUDA backtrace row duplicating each runtime call
+_VERSION_SUFFIX = re.compile(r"_v\d+$")  # backtrace rows name the call without it
 
 EC_NODE_CREATE = 77  # ENUM_NSYS_EVENT_CLASS: CUDA graph node creation
 EC_GRAPHEXEC_CREATE = 94
@@ -118,12 +143,15 @@ class CopyTruth:
 class InjectedGap:
     rank: int
     step: int
-    layer: int
+    layer: int | None  # None outside the layers (the sampling kernel, the embedding)
     op: str
     kernel: str  # demangled name of the kernel the gap precedes
-    planned_ns: int  # extra delay injected
+    # delay injected: on the device (unknown, collective), on the host after the device ran
+    # dry (host); 0 for sync (the host waits in the sync, then works SYNC_GAP_HOST_NS)
+    planned_ns: int
     idle_start: int  # device idle interval (all streams) that results
     idle_end: int
+    cause: str = "unknown"  # what the trace shows as its reason: unknown, host, sync, collective
 
     @property
     def idle_ns(self) -> int:
@@ -177,6 +205,12 @@ class GenerateSummary:
     slow_factor: float
     rows: dict[str, int] = field(default_factory=dict)
     elapsed_s: float = 0.0
+    # kernels per decode step in each decoder layer (index = layer), and outside the layers
+    # (embedding, final norm, LM head, sampling): the truth for layer attribution
+    step_layer_kernels: tuple[int, ...] = ()
+    step_outside_layer_kernels: int = 0
+    captured_batch_sizes: tuple[int, ...] = ()  # graph mode: one captured graph per size
+    clone_links: int = 1  # graph mode: links from an exec node back to its capture node
 
     def steps_of(self, rank: int = 0) -> list[StepTruth]:
         return [s for s in self.step_truth if s.rank == rank]
@@ -344,6 +378,10 @@ class _Config:
     slow_factor: float
     layerwise_nvtx: bool
     writer: SqliteTraceWriter
+    # graph mode: the batch sizes captured, largest first as SGLang does (each its own graph;
+    # decode replays the one of `batch`), and the clone links from an exec node to its capture node
+    capture_batch_sizes: tuple[int, ...] = ()
+    clone_links: int = 1
 
     def sid(self, s: str) -> int:
         return self.writer.string_id(s)
@@ -386,18 +424,26 @@ def _h2d(rs: _Rank, c: CopyTruth, gap_lo: int = 600, gap_hi: int = 1_200) -> Ite
         rs.t = end
 
 
+def _launch_api(cfg: _Config, name: str) -> str:
+    """The launch call `name` as the export's era records it (driver calls only in 2021)."""
+    if not cfg.writer.era.driver_launches:
+        return name
+    return API_DRIVER_GRAPH_LAUNCH if name == API_GRAPH_LAUNCH else API_DRIVER_LAUNCH
+
+
 def _launch_kernel(rs: _Rank, spec: S.KernelSpec, *, stream: int, earliest_lat: tuple[int, int],
                    gap: int, dur: int, deps=(), extra: int = 0, capture: bool = False,
                    tag=None) -> _Op | None:
     """Host launch call for one kernel; returns the GPU op (None while capturing)."""
     rs.t += rs.u(2_000, 4_500)  # Python + torch dispatch before the launch call
     api_dur = rs.u(3_000, 5_500) if not capture else rs.u(2_500, 4_500)
-    start, end, corr = rs.api(spec.kernel.api, api_dur)
+    api = _launch_api(rs.cfg, spec.kernel.api)
+    start, end, corr = rs.api(api, api_dur)
     if capture:
         rs.node_id += 1
         ns = start + (end - start) * 2 // 5
         rs.node_events.append((ns, ns + rs.u(150, 400), EC_NODE_CREATE, rs.gtid,
-                               rs.cfg.sid(spec.kernel.api), rs.node_id, None))
+                               rs.cfg.sid(api), rs.node_id, None))
         return None
     return rs.emit(_Op("k", spec.kernel, stream, start + rs.u(*earliest_lat), gap, dur, corr,
                        deps=deps, extra=extra, tag=tag))
@@ -407,13 +453,22 @@ def _stream_of(spec: S.KernelSpec) -> int:
     return STREAM_ALT if spec.stream == "alt" else STREAM_MAIN
 
 
-def _gap_sites(sched: S.Schedule) -> dict[int, tuple[int, str, int]]:
+def _gap_sites(sched: S.Schedule, faults: frozenset[str]) -> dict[int, tuple[int | None, str, int, str]]:
+    """Kernel index -> (layer, op, extra device delay ns, cause) of the gap before it."""
+    sites = []
+    if "extra_gaps" in faults:
+        sites += [(layer, op, extra, "unknown") for layer, op, extra in GAP_SITES]
+    if "extra_gaps_collective" in faults:
+        sites += [(layer, op, extra, "collective") for layer, op, extra in COLLECTIVE_GAP_SITES]
     out = {}
-    for layer, op, extra in GAP_SITES:
+    for layer, op, extra, cause in sites:
         for i, k in enumerate(sched.kernels):
             if k.layer == layer and k.op == op:
-                out[i] = (layer, op, extra)
+                out[i] = (layer, op, extra, cause)
                 break
+    if "extra_gaps_sync" in faults:  # the host-side wait delays the first kernel of the pass
+        first = sched.kernels[0]
+        out[0] = (first.layer, first.op, 0, "sync")
     return out
 
 
@@ -451,12 +506,33 @@ def _eager_forward(rs: _Rank, sched: S.Schedule, *, capture: bool = False,
         rs.nvtx_to((), sched.tokens)
 
 
-def _sampling(rs: _Rank, sched: S.Schedule) -> Iterator:
+def _sampling(rs: _Rank, sched: S.Schedule, tag=None) -> Iterator:
     spec = sched.sampling
     op = _launch_kernel(rs, spec, stream=STREAM_MAIN, earliest_lat=(2_000, 3_200),
-                        gap=rs.u(700, 1_500), dur=int(spec.dur_ns * rs.jitter(1)[0]))
+                        gap=rs.u(700, 1_500), dur=int(spec.dur_ns * rs.jitter(1)[0]), tag=tag)
     rs.cur.sampling = op
     yield op
+
+
+def _late_sampling(rs: _Rank, sched: S.Schedule, step: int) -> Iterator:
+    """"extra_gaps_host": the sampling metadata is prepared only after the forward pass has
+    finished on the device, so the sampling launch comes HOST_GAP_NS after the device ran dry."""
+    forward_end = max(o.end for o in rs.cur.ops)
+    rs.t = max(rs.t, forward_end + HOST_GAP_NS)
+    tag = ("gap", step, (None, "sampling", HOST_GAP_NS, "host"))
+    yield from _sampling(rs, sched, tag=tag)
+
+
+def _stream_sync(rs: _Rank, stream: int) -> None:
+    """cudaStreamSynchronize: the host blocks until every op queued on `stream` has run."""
+    last = rs.ready.get(stream, rs.t)
+    rs.t += rs.u(1_000, 3_000)
+    start = rs.t
+    _s, _e, corr = rs.api(API_STREAM_SYNC, 1_500)
+    end = max(start + rs.u(800, 1_500), last + rs.u(1_500, 3_000))
+    rs.runtime[-1] = (start, end, *rs.runtime[-1][2:])
+    rs.syncs.append((start, end, rs.device, rs.ctx, stream, corr, rs.gpid, 3, 0, None))
+    rs.t = end
 
 
 def _capture(rs: _Rank, sched: S.Schedule, parts: list[tuple[int, int]]) -> list[dict]:
@@ -499,10 +575,16 @@ def _capture(rs: _Rank, sched: S.Schedule, parts: list[tuple[int, int]]) -> list
         step_ns = (inst_dur - 120_000) // max(n, 1)
         inst_name = cfg.sid(API_INSTANTIATE)
         for j, cid in enumerate(capture_ids):
-            rs.node_id += 1
             t = istart + 60_000 + j * step_ns
-            rs.node_events.append((t, t + 120, EC_NODE_CREATE, rs.gtid, inst_name, rs.node_id,
-                                   cid))
+            # each clone's originalGraphNodeId is the node it was cloned from: a chain of
+            # `clone_links` links from the exec node back to the node made during capture
+            origin = cid
+            for link in range(cfg.clone_links):
+                rs.node_id += 1
+                tl = t + link * 40
+                rs.node_events.append((tl, tl + 120, EC_NODE_CREATE, rs.gtid, inst_name,
+                                       rs.node_id, origin))
+                origin = rs.node_id
             exec_ids.append(rs.node_id)
         te = iend - 30_000
         rs.graph_events.append((te, te, EC_GRAPHEXEC_CREATE, rs.gtid,
@@ -526,7 +608,7 @@ def _graph_replay(rs: _Rank, g: dict, gaps: dict | None, step: int) -> Iterator:
                        for k, node in zip(part.kernels, g["nodes"])]
         g["durs"] = np.array([k.dur_ns for k in part.kernels], dtype=np.float64)
     rs.t += rs.u(2_000, 5_000)
-    start, _end, corr = rs.api(API_GRAPH_LAUNCH, rs.u(18_000, 30_000))
+    start, _end, corr = rs.api(_launch_api(rs.cfg, API_GRAPH_LAUNCH), rs.u(18_000, 30_000))
     rs.cur.launches.append(corr)
     n = len(part.kernels)
     durs = (g["durs"] * rs.jitter(n)).astype(np.int64).tolist()
@@ -592,7 +674,7 @@ def _rank_program(rs: _Rank) -> Iterator:
     cfg = rs.cfg
     graph_mode = cfg.mode == "graph"
     gap_sched = rs.decode_graph if graph_mode else rs.decode_eager
-    gaps = _gap_sites(gap_sched) if "extra_gaps" in cfg.faults else None
+    gaps = _gap_sites(gap_sched, cfg.faults) or None
     copies = _copy_plan(cfg)
     rs.new_pass("startup")
     _startup(rs)
@@ -608,7 +690,12 @@ def _rank_program(rs: _Rank) -> Iterator:
             parts = [(0, si), (si, len(rs.decode_graph.kernels))]
         else:
             parts = [(0, len(rs.decode_graph.kernels))]
-        graphs = _capture(rs, rs.decode_graph, parts)
+        for bs in cfg.capture_batch_sizes or (cfg.batch,):
+            # one graph per captured batch size; its layer-wise NVTX text carries that size
+            sched = rs.decode_graph if bs == cfg.batch else S.decode_schedule(bs, cfg.faults)
+            captured = _capture(rs, sched, parts)
+            if bs == cfg.batch:
+                graphs = captured
         _device_sync(rs)
         yield _Flush("capture")
     prev_sampling: _Op | None = None
@@ -624,6 +711,9 @@ def _rank_program(rs: _Rank) -> Iterator:
             rs.t += rs.u(250, 500)
         for c in copies:
             yield from _h2d(rs, c)
+        if step is not None and "extra_gaps_sync" in cfg.faults:
+            _stream_sync(rs, STREAM_MAIN)  # the step's first kernel waits for the host (gap site 0)
+            rs.t += SYNC_GAP_HOST_NS
         if step is None:
             yield from _eager_forward(rs, rs.prefill, nvtx=cfg.layerwise_nvtx)
         elif graph_mode:
@@ -634,7 +724,10 @@ def _rank_program(rs: _Rank) -> Iterator:
         else:
             yield from _eager_forward(rs, rs.decode_eager, nvtx=cfg.layerwise_nvtx, gaps=gaps,
                                       step=step)
-        yield from _sampling(rs, rs.decode_graph)
+        if step is not None and "extra_gaps_host" in cfg.faults:
+            yield from _late_sampling(rs, rs.decode_graph, step)
+        else:
+            yield from _sampling(rs, rs.decode_graph)
         if cfg.step_nvtx:
             rs.t += rs.u(300, 800)
             rs.nvtx.append((step_range[0], rs.t, NVTX_PUSHPOP, step_range[1], rs.gtid, 0))
@@ -712,6 +805,7 @@ class _RowSink:
         self.cfg = cfg
         self.w = cfg.writer
         self._static: dict[str, tuple] = {}
+        self._chains: dict[str, int] = {}  # API name -> CUDA_CALLCHAINS id (2022 backtraces)
         self.graph_level = cfg.cuda_graph_trace == "graph"
 
     def static(self, kt: S.KernelType) -> tuple:
@@ -756,15 +850,48 @@ class _RowSink:
             w.insert("CUPTI_ACTIVITY_KIND_GRAPH_TRACE", GRAPH_TRACE_COLS, grows)
         if rs.runtime:
             w.insert("CUPTI_ACTIVITY_KIND_RUNTIME", RUNTIME_COLS, rs.runtime)
+            if w.era.backtrace_rows:
+                w.insert("CUPTI_ACTIVITY_KIND_RUNTIME", RUNTIME_COLS + ("callchainId",),
+                         self.backtrace_rows(rs.runtime))
         if rs.nvtx:
             w.insert("NVTX_EVENTS", NVTX_COLS, rs.nvtx)
         if rs.syncs:
             w.insert("CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", SYNC_COLS, rs.syncs)
         if rs.node_events and not self.graph_level:
-            w.insert("CUDA_GRAPH_NODE_EVENTS", NODE_EVENT_COLS, rs.node_events)
-        if rs.graph_events:
-            w.insert("CUDA_GRAPH_EVENTS", GRAPH_EVENT_COLS, rs.graph_events)
+            w.insert(w.era.graph_node_table, NODE_EVENT_COLS, rs.node_events)
+        if rs.graph_events and w.era.graph_event_table:  # no graph-level table up to 2023.3
+            w.insert(w.era.graph_event_table, GRAPH_EVENT_COLS, rs.graph_events)
         rs.runtime, rs.nvtx, rs.syncs, rs.node_events, rs.graph_events = [], [], [], [], []
+
+    def backtrace_rows(self, runtime: list[tuple]) -> list[tuple]:
+        """What a 2022 export with CUDA backtraces holds besides each runtime call (eventClass
+        0): an eventClass 67 row with the same correlationId and the unversioned name, starting a
+        little earlier and ending a little later (as in the real 2022.2 export), pointing at a
+        callchain. The offsets come from the correlationId, so the rank's random stream (and the
+        timeline) stays the same in every era."""
+        rows = []
+        for start, end, event_class, gtid, corr, name_id, ret in runtime:
+            if event_class != 0:
+                continue
+            name = _VERSION_SUFFIX.sub("", self.w.string_value(name_id))
+            rows.append((start - 150 - corr * 37 % 250, end + 70 + corr * 53 % 380, EC_BACKTRACE,
+                         gtid, corr, self.cfg.sid(name), ret, self.callchain(name)))
+        return rows
+
+    def callchain(self, api: str) -> int:
+        """One CUDA_CALLCHAINS chain per API name (nsys keeps one per call; the importer reads
+        none): the API in libcudart, called from the Python interpreter."""
+        chain = self._chains.get(api)
+        if chain is None:
+            chain = self._chains[api] = len(self._chains) + 1
+            w = self.w
+            w.insert("CUDA_CALLCHAINS", ("id", "symbol", "module", "unresolved", "originalIP",
+                                         "stackDepth"),
+                     [(chain, w.string_id(api), w.string_id("libcudart.so.11.0"), 0,
+                       0x7F3A_1C00_0000 + chain * 0x1F40, 0),
+                      (chain, w.string_id("_PyEval_EvalFrameDefault"),
+                       w.string_id("libpython3.10.so.1.0"), 0, 0x7F3A_5E21_7A3C, 1)])
+        return chain
 
 
 def _exec_of(rs: _Rank, graph_id: int) -> int:
@@ -795,14 +922,30 @@ def generate(out_path: str | Path, *, mode: str = "graph", steps: int = 8, ranks
              step_nvtx: bool = False, prefill: bool = True, slow_rank: int | None = None,
              slow_factor: float = 1.2, cuda_graph_trace: str = "node",
              layerwise_nvtx: bool = True, era: SchemaEra = ERA_2026_2,
-             vacuum: bool = False) -> GenerateSummary:
+             vacuum: bool = False, nsys_version: str | None = None,
+             capture_batch_sizes: tuple[int, ...] | None = None,
+             clone_links: int = 1) -> GenerateSummary:
     """Write one synthetic nsys export of SGLang GLM-5.3 decode and return the truth about it.
 
     mode: "graph" (decode replayed from CUDA graphs, `--cuda-graph-trace=node`) or "eager".
     faults: any of FAULTS. slow_rank: that rank's kernels run `slow_factor` times longer.
     cuda_graph_trace: "node" (default) or "graph" (graph-level rows in
-    CUPTI_ACTIVITY_KIND_GRAPH_TRACE instead of per-node kernel rows; graph mode only)."""
+    CUPTI_ACTIVITY_KIND_GRAPH_TRACE instead of per-node kernel rows; graph mode only).
+    nsys_version: write the layout that nsys release wrote ("2021", "2022", "2023.1" ... "2026";
+    see synth/schema_eras.py) instead of `era`. The timeline is the same in every layout.
+    capture_batch_sizes (graph mode): capture one decode graph per batch size, largest first
+    (must include `batch`, the one decode replays). clone_links (graph mode): clone links from
+    each exec node back to the node created at capture (instantiation may clone several times)."""
     t_begin = time.perf_counter()
+    sizes = tuple(sorted(set(capture_batch_sizes or (batch,)), reverse=True))
+    if batch not in sizes:
+        raise ValueError(f"capture_batch_sizes must include the decode batch {batch}")
+    if clone_links < 1:
+        raise ValueError("clone_links must be at least 1")
+    if nsys_version is not None:
+        era = era_for_version(nsys_version)
+    if cuda_graph_trace == "graph" and not era.has("CUPTI_ACTIVITY_KIND_GRAPH_TRACE"):
+        raise ValueError(f"graph-level traces are written in the 2024+ layouts, not {era.name}")
     if mode not in ("graph", "eager"):
         raise ValueError(f"mode must be 'graph' or 'eager', not {mode!r}")
     bad = sorted(set(faults) - set(FAULTS))
@@ -812,12 +955,16 @@ def generate(out_path: str | Path, *, mode: str = "graph", steps: int = 8, ranks
         raise ValueError("cuda_graph_trace must be 'node' or 'graph'")
     if mode == "eager" and "split_graph" in faults:
         raise ValueError("split_graph needs mode='graph'")
+    if mode == "eager" and "extra_gaps_collective" in faults:
+        # eager launches are late anyway: the gap before the collective would be the host's
+        raise ValueError("extra_gaps_collective needs mode='graph'")
     if slow_rank is not None and not 0 <= slow_rank < ranks:
         raise ValueError("slow_rank must name one of the ranks")
     out_path = Path(out_path)
     writer = SqliteTraceWriter(out_path, era)
     cfg = _Config(mode, steps, ranks, batch, seed, frozenset(faults), step_nvtx, prefill,
-                  cuda_graph_trace, slow_rank, slow_factor, layerwise_nvtx, writer)
+                  cuda_graph_trace, slow_rank, slow_factor, layerwise_nvtx, writer,
+                  capture_batch_sizes=sizes, clone_links=clone_links)
     rks = [_Rank(r, cfg) for r in range(ranks)]
     sink = _RowSink(cfg)
     gens = [_rank_program(rs) for rs in rks]
@@ -880,7 +1027,11 @@ def generate(out_path: str | Path, *, mode: str = "graph", steps: int = 8, ranks
         pids=tuple(rs.pid for rs in rks), devices=tuple(rs.device for rs in rks),
         main_stream=STREAM_MAIN, alt_stream=STREAM_ALT, slow_rank=slow_rank,
         slow_factor=slow_factor if slow_rank is not None else 1.0,
-        rows=dict(writer.rows_written), elapsed_s=time.perf_counter() - t_begin)
+        rows=dict(writer.rows_written), elapsed_s=time.perf_counter() - t_begin,
+        step_layer_kernels=tuple(sched.layer_counts()),
+        step_outside_layer_kernels=len(sched.kernels) + 1 - sum(sched.layer_counts()),
+        captured_batch_sizes=sizes if mode == "graph" else (),
+        clone_links=clone_links if mode == "graph" else 0)
     return summary
 
 
@@ -902,10 +1053,10 @@ def _injected(rs: _Rank, p: _PassRecord) -> list[InjectedGap]:
     out = []
     for op in p.ops:
         if op.tag and op.tag[0] == "gap":
-            layer, name, extra = op.tag[2]
+            layer, name, extra, cause = op.tag[2]
             prev_end = max(o.end for o in p.ops if o.start < op.start)
             out.append(InjectedGap(rs.rank, p.step, layer, name, op.kt.name, extra, prev_end,
-                                   op.start))
+                                   op.start, cause))
     return out
 
 
@@ -915,14 +1066,13 @@ def _write_static_tables(cfg: _Config, rks: list[_Rank]) -> None:
     last = max(rs.t for rs in rks) + 50_000_000
     start_time = T0
     graph_mode = cfg.mode == "graph"
-    w.write_meta("META_DATA_EXPORT", [
+    export_meta = [
         ("EXPORT_PRODUCT_NAME", "NVIDIA Nsight Systems"),
         ("EXPORT_PRODUCT_VERSION", era.product_version),
         ("EXPORT_PRODUCT_DATE", era.product_date),
         ("EXPORT_SCHEMA_VERSION", era.schema_version),
-        ("EXPORT_SCHEMA_VERSION_MAJOR", era.schema_version.split(".")[0]),
-        ("EXPORT_SCHEMA_VERSION_MINOR", era.schema_version.split(".")[1]),
-        ("EXPORT_SCHEMA_VERSION_MICRO", era.schema_version.split(".")[2]),
+        *zip(("EXPORT_SCHEMA_VERSION_MAJOR", "EXPORT_SCHEMA_VERSION_MINOR",
+              "EXPORT_SCHEMA_VERSION_MICRO"), era.schema_version.split(".")),
         ("EXPORT_PLATFORM", "linux-desktop"),
         ("EXPORT_ARCH", "x64"),
         ("EXPORT_TIME_UTC", "2026-06-01T08:00:00"),
@@ -943,7 +1093,9 @@ def _write_static_tables(cfg: _Config, rks: list[_Rank]) -> None:
                        f"(mode={cfg.mode}, steps={cfg.steps}, ranks={cfg.ranks}, "
                        f"batch={cfg.batch}, seed={cfg.seed}, "
                        f"faults={','.join(sorted(cfg.faults))})"),
-    ])
+    ]
+    if era.version_table:  # EXPORT_META_DATA up to 2023.2; 2021 exports say nothing
+        w.write_meta(era.version_table, export_meta)
     gmode = ("Graph" if cfg.cuda_graph_trace == "graph" else "Node") if graph_mode else "Node"
     cap = [("DEVICE_ID", "Local (CLI)"), ("CAPTURE_EVENT_TYPE", "NvtxEvents"),
            ("CAPTURE_EVENT_TYPE", "Cuda"), ("RATE_HZ", "0"), ("START_TRIGGER", "Immediate"),
@@ -961,7 +1113,8 @@ def _write_static_tables(cfg: _Config, rks: list[_Rank]) -> None:
     cap += [("PROCESS_0:COLLECT_NVTX_TRACE", "true"), ("PROCESS_0:COLLECT_CUDA_TRACE", "true"),
             ("TRACE_AFTER_FORK_BEFORE_EXEC", "true"),
             ("RUN_DURATION_MS", str((last - start_time) // 1_000_000))]
-    w.write_meta("META_DATA_CAPTURE", cap)
+    if era.has("META_DATA_CAPTURE"):  # from 2023.3
+        w.write_meta("META_DATA_CAPTURE", cap)
     w.insert("ANALYSIS_DETAILS", ("globalVid", "duration", "startTime", "stopTime"),
              [(VM_BITS, last - start_time, start_time, last)])
     w.insert("TARGET_INFO_SESSION_START_TIME",
@@ -1002,10 +1155,30 @@ def _write_static_tables(cfg: _Config, rks: list[_Rank]) -> None:
                 "asyncEngines", "maxWarpsPerSm", "maxBlocksPerSm", "maxThreadsPerBlock",
                 "maxBlockDimX", "maxBlockDimY", "maxBlockDimZ", "maxGridDimX", "maxGridDimY",
                 "maxGridDimZ", "computeMajor", "computeMinor", "smMajor", "smMinor")
-    w.insert("TARGET_INFO_GPU", gpu_cols, gpus)
-    w.insert("TARGET_INFO_CUDA_DEVICE", ("gpuId", "cudaId", "pid"),
-             [(rs.device, rs.device, rs.pid) for rs in rks])
-    w.insert("TARGET_INFO_CUDA_CONTEXT_INFO",
-             ("nullStreamId", "hwId", "vmId", "processId", "deviceId", "contextId",
-              "parentContextId", "isGreenContext"),
-             [(STREAM_NULL, 0, 1, rs.pid, rs.device, rs.ctx, 0, 0) for rs in rks])
+    if era.gpu_table == "TARGET_INFO_GPU":
+        w.insert("TARGET_INFO_GPU", gpu_cols, gpus)
+    else:
+        _write_cuda_gpu_table(w, rks)
+    if era.has("TARGET_INFO_CUDA_DEVICE"):
+        w.insert("TARGET_INFO_CUDA_DEVICE", ("gpuId", "cudaId", "pid"),
+                 [(rs.device, rs.device, rs.pid) for rs in rks])
+    if era.has("TARGET_INFO_CUDA_CONTEXT_INFO"):
+        w.insert("TARGET_INFO_CUDA_CONTEXT_INFO",
+                 ("nullStreamId", "hwId", "vmId", "processId", "deviceId", "contextId",
+                  "parentContextId", "isGreenContext"),
+                 [(STREAM_NULL, 0, 1, rs.pid, rs.device, rs.ctx, 0, 0) for rs in rks])
+
+
+def _write_cuda_gpu_table(w: SqliteTraceWriter, rks: list[_Rank]) -> None:
+    """TARGET_INFO_CUDA_GPU of exports before 2021.4: the same H200, in CUPTI's device-record
+    names (see synth/schema_eras.py)."""
+    cols = ("deviceId", "name", "uuid", "computeCapabilityMajor", "computeCapabilityMinor",
+            "numMultiprocessors", "numThreadsPerWarp", "maxWarpsPerMultiprocessor",
+            "maxBlocksPerMultiprocessor", "maxThreadsPerBlock", "maxRegistersPerBlock",
+            "maxSharedMemoryPerBlock", "globalMemorySize", "globalMemoryBandwidth", "l2CacheSize",
+            "coreClockRate", "maxIPC")
+    w.insert("TARGET_INFO_CUDA_GPU", cols, [
+        (rs.device, "NVIDIA H200", f"5f1c{rs.device:04x}-3a2e-9c41-77d0-8e2b6a41c0{rs.device:02x}",
+         9, 0, 132, 32, 64, 32, 1_024, 65_536, 49_152, 150_754_820_096, 4_800_000_000, 52_428_800,
+         1_980_000, 4)
+        for rs in rks])

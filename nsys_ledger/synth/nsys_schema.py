@@ -993,6 +993,17 @@ class SchemaEra:
     graph_mode_keys: tuple[str, ...] = ("CUDA_GRAPH_TRACE_OPTIONS:MODE",)
     # where each DDL came from, for tests and for humans
     provenance: dict[str, str] = field(default_factory=dict)
+    # How older exports differ beyond their DDL (see synth/schema_eras.py). A table the era
+    # lacks is simply not in `ddl` (no META_DATA_CAPTURE before 2023.3, no ENUM_* before 2023.1).
+    version_table: str | None = "META_DATA_EXPORT"  # EXPORT_META_DATA up to 2023.2, none in 2021
+    graph_node_table: str = "CUDA_GRAPH_NODE_EVENTS"  # CUDA_GRAPH_EVENTS up to 2023.3
+    graph_event_table: str | None = "CUDA_GRAPH_EVENTS"  # graph-level rows: none up to 2023.3
+    gpu_table: str = "TARGET_INFO_GPU"  # TARGET_INFO_CUDA_GPU before 2021.4
+    driver_launches: bool = False  # kernels and graphs launched through the driver API (2021)
+    backtrace_rows: bool = False  # eventClass 67 CUDA backtrace duplicates of runtime calls (2022)
+
+    def has(self, table: str) -> bool:
+        return table in self.ddl
 
 
 def _era_2026_2() -> SchemaEra:

@@ -31,9 +31,18 @@ SAMPLES: dict[str, dict] = {
     "glm5-graph-split-graph.sqlite": {"faults": ("split_graph",)},
     "glm5-graph-layer41.sqlite": {"faults": ("layer_fault",)},
     "glm5-graph-pageable-h2d.sqlite": {"faults": ("pageable_h2d",)},
+    # gaps whose cause the trace shows: a host sync before the replay, two late collectives,
+    # a late sampling launch (the host falls behind, so the next step's copies are host bound)
+    "glm5-graph-caused-gaps.sqlite": {"faults": ("extra_gaps_sync", "extra_gaps_collective",
+                                                 "extra_gaps_host")},
     # two processes in one file: 3 steps keep it under the size budget
     "glm5-graph-2ranks-slow-rank1.sqlite": {"ranks": 2, "slow_rank": 1, "slow_factor": 1.2,
                                             "steps": 3},
+    # layer attribution: three captured graphs (batch 32, 16, 8; decode replays 32) whose exec
+    # nodes are two clone links away from the capture nodes ...
+    "glm5-graph-multi-capture.sqlite": {"capture_batch_sizes": (8, 16, 32), "clone_links": 2},
+    # ... and an eager trace without any layer-wise NVTX range: layers must be inferred
+    "glm5-eager-no-nvtx.sqlite": {"mode": "eager", "layerwise_nvtx": False},
 }
 
 
@@ -56,7 +65,8 @@ def _manifest_entry(summary, kwargs: dict, size: int) -> dict:
         "step_kernel_counts": summary.step_kernel_counts,
         "injected_gaps": [
             {"rank": g.rank, "step": g.step, "layer": g.layer, "op": g.op,
-             "planned_ns": g.planned_ns, "idle_start": g.idle_start, "idle_end": g.idle_end}
+             "planned_ns": g.planned_ns, "idle_start": g.idle_start, "idle_end": g.idle_end,
+             "cause": g.cause}
             for g in summary.injected_gaps],
         "steps": [
             {"rank": t.rank, "index": t.index, "start": t.start, "end": t.end,
@@ -65,6 +75,10 @@ def _manifest_entry(summary, kwargs: dict, size: int) -> dict:
              "graph_launch_correlation_ids": list(t.graph_launch_correlation_ids)}
             for t in summary.step_truth],
         "pids": list(summary.pids),
+        "step_layer_kernels": list(summary.step_layer_kernels),
+        "step_outside_layer_kernels": summary.step_outside_layer_kernels,
+        "captured_batch_sizes": list(summary.captured_batch_sizes),
+        "clone_links": summary.clone_links,
     }
 
 

@@ -554,6 +554,11 @@ class Schedule:
             c[self.sampling.kernel.name] += 1
         return dict(c)
 
+    def layer_counts(self) -> list[int]:
+        """Kernels launched in each decoder layer (index = layer; sampling is outside)."""
+        c = Counter(k.layer for k in self.kernels if k.layer is not None)
+        return [c[layer] for layer in range(NUM_LAYERS)]
+
     def split_index(self, layer: int = SPLIT_GRAPH_LAYER) -> int:
         """Index of the first kernel of `layer` (where a split graph starts its second part)."""
         for i, k in enumerate(self.kernels):

@@ -52,12 +52,14 @@ class SqliteTraceWriter:
         self.con.execute("PRAGMA cache_size=-65536")
         self.con.execute("BEGIN")
         self._strings: dict[str, int] = {}
+        self._values: list[str] = []  # id -> string, rebuilt on demand by string_value
         self._columns: dict[str, tuple[str, ...]] = {}
         self.rows_written: dict[str, int] = {}
         for s in _PRESET_STRINGS:
             self.string_id(s)
         for t in _ALWAYS:
-            self.create(t)
+            if era.has(t):  # older eras lack some (no META_DATA_* before 2023.3)
+                self.create(t)
 
     # -- strings ------------------------------------------------------------------------------
     def string_id(self, value: str) -> int:
@@ -66,6 +68,12 @@ class SqliteTraceWriter:
             sid = len(self._strings)
             self._strings[value] = sid
         return sid
+
+    def string_value(self, sid: int) -> str:
+        """The string of id `sid` (ids are dense: 0, 1, 2, ... in the order first asked)."""
+        if len(self._values) != len(self._strings):
+            self._values = list(self._strings)  # dicts keep insertion order, which is id order
+        return self._values[sid]
 
     # -- tables -------------------------------------------------------------------------------
     def has_table(self, table: str) -> bool:

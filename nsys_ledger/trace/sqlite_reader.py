@@ -16,17 +16,21 @@ import gc
 import os
 import sqlite3
 import stat
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 from urllib.parse import quote
 
 import polars as pl
 
 from nsys_ledger.errors import TraceError
+from nsys_ledger.trace.arrow_fetch import ArrowSource
 from nsys_ledger.trace.model import FRAME_SCHEMAS, Trace, TraceMeta, empty_frame
 
 __all__ = ["load_sqlite", "SQLITE_MAGIC", "sniff_format"]
+
+_T = TypeVar("_T")
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
@@ -90,11 +94,16 @@ def load_sqlite(path: str | os.PathLike[str]) -> Trace:
     p = Path(path)
     _check_file(p, shown)
     conn = _connect(p, shown)
+    arrow = ArrowSource(_uri(p))
     try:
-        return _Reader(conn, shown).read()
+        return _Reader(conn, shown, arrow).read()
     except sqlite3.Error as exc:
         raise TraceError(shown, _sqlite_problem(exc)) from exc
+    except UnicodeDecodeError as exc:
+        # SQLite's own error message quoted damaged schema bytes that Python cannot decode
+        raise TraceError(shown, "corrupt SQLite database (damaged schema: text that is not UTF-8)") from exc
     finally:
+        arrow.close()
         conn.close()
 
 
@@ -196,10 +205,14 @@ def _header_size(head: bytes) -> int | None:
     return page_size * n_pages
 
 
+def _uri(p: Path) -> str:
+    """The read-only SQLite URI of `p`: no connection made with it can write to the file."""
+    return f"file:{quote(str(p))}?mode=ro"
+
+
 def _connect(p: Path, shown: str) -> sqlite3.Connection:
-    uri = f"file:{quote(str(p))}?mode=ro"
     try:
-        conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S)
+        conn = sqlite3.connect(_uri(p), uri=True, timeout=BUSY_TIMEOUT_S)
     except sqlite3.Error as exc:
         raise TraceError(shown, _sqlite_problem(exc)) from exc
     return conn
@@ -251,10 +264,6 @@ def _tid(col: str) -> pl.Expr:
     return pl.col(col) & _LOW24
 
 
-def _lenient_text(raw: bytes) -> str:
-    return raw.decode("utf-8", errors="replace")
-
-
 def _label(col: str, labels: Mapping[int, str]) -> pl.Expr:
     """Enum id -> label; an id the table does not know becomes "kind <id>"."""
     return pl.col(col).replace_strict(
@@ -263,9 +272,10 @@ def _label(col: str, labels: Mapping[int, str]) -> pl.Expr:
 
 
 class _Reader:
-    def __init__(self, conn: sqlite3.Connection, shown: str):
+    def __init__(self, conn: sqlite3.Connection, shown: str, arrow: ArrowSource | None = None):
         self.conn = conn
         self.shown = shown
+        self.arrow = arrow  # the fast path; sqlite3 (`conn`) answers whatever it declines
         self.warnings: list[str] = []
         rows = conn.execute(
             "SELECT name FROM sqlite_master WHERE type IN ('table', 'view')"
@@ -273,6 +283,9 @@ class _Reader:
         self.tables: set[str] = {r[0] for r in rows}
         self._columns: dict[str, list[str]] = {}
         self._strings: pl.DataFrame | None = None
+        self._fetching = ""  # the table being read, for the invalid-UTF-8 notice
+        self._invalid_utf8: set[str] = set()  # tables whose text had invalid UTF-8
+        self._warned_utf8: set[str] = set()
 
     # -- schema discovery -------------------------------------------------------------
 
@@ -314,17 +327,11 @@ class _Reader:
         if where:
             sql += f" WHERE {where}"
         schema = dict(schema)
+        fast = self.arrow.frame(sql, schema) if self.arrow is not None else None
+        if fast is not None:
+            return fast
         try:
-            try:
-                parts = self._run(sql, schema)
-            except sqlite3.OperationalError as exc:
-                # Text that is not valid UTF-8 (NVTX strings come from user code): read it
-                # again with undecodable bytes replaced rather than give up on the trace.
-                if "decode" not in str(exc).lower() or self.conn.text_factory is not str:
-                    raise
-                self.conn.text_factory = _lenient_text
-                self.warnings.append(f"invalid UTF-8 in {table} replaced with U+FFFD")
-                parts = self._run(sql, schema)
+            parts = self._decoding(table, lambda: self._run(sql, schema))
         except (pl.exceptions.PolarsError, TypeError, ValueError, OverflowError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise TraceError(self.shown, f"unexpected data in table {table}: {first}") from exc
@@ -333,6 +340,32 @@ class _Reader:
         if len(parts) == 1:
             return parts[0]
         return pl.concat(parts, rechunk=True)
+
+    def _decoding(self, table: str, read: Callable[[], _T]) -> _T:
+        """`read()` of `table`; when its text is not valid UTF-8 (NVTX strings and names come
+        from user code), read again with undecodable bytes replaced rather than give up on
+        the trace, and say so once per table."""
+        self._fetching = table
+        try:
+            result = read()
+        except sqlite3.OperationalError as exc:
+            if "decode" not in str(exc).lower() or self.conn.text_factory is not str:
+                raise
+            self.conn.text_factory = self._lenient_text
+            result = read()
+        if table in self._invalid_utf8 and table not in self._warned_utf8:
+            self._warned_utf8.add(table)
+            self.warnings.append(f"invalid UTF-8 in {table} replaced with U+FFFD")
+        return result
+
+    def _lenient_text(self, raw: bytes) -> str:
+        """The text factory once invalid UTF-8 was met: bad bytes become U+FFFD, and the
+        table being read is noted, so that every table that held some is named once."""
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            self._invalid_utf8.add(self._fetching)
+            return raw.decode("utf-8", errors="replace")
 
     def _run(self, sql: str, schema: dict[str, pl.DataType]) -> list[pl.DataFrame]:
         parts: list[pl.DataFrame] = []
@@ -408,10 +441,9 @@ class _Reader:
         cols = self.columns(table)
         if "name" not in cols or "value" not in cols:
             return {}
-        return {
-            str(n): ("" if v is None else str(v))
-            for n, v in self.conn.execute(f'SELECT "name", "value" FROM {_q(table)}')
-        }
+        sql = f'SELECT "name", "value" FROM {_q(table)}'
+        rows = self._decoding(table, lambda: self.conn.execute(sql).fetchall())
+        return {str(n): ("" if v is None else str(v)) for n, v in rows}
 
     def versions(self) -> tuple[str | None, str | None, str]:
         for table in ("META_DATA_EXPORT", "EXPORT_META_DATA"):
@@ -460,6 +492,31 @@ class _Reader:
 
     # -- GPU activity -----------------------------------------------------------------
 
+    def check_activity_rows(self, df: pl.DataFrame, table: str, what: str) -> None:
+        """GPU rows without a valid interval, a device or a process cannot be placed on any
+        timeline: nsys never writes them (its schema declares start, end and deviceId NOT
+        NULL, and every export sets globalPid), so they mean a damaged or hand-edited file."""
+        bad_times = df.filter(
+            pl.col("start").is_null() | pl.col("end").is_null() | (pl.col("end") < pl.col("start"))
+        ).height
+        if bad_times:
+            raise TraceError(
+                self.shown,
+                f"{bad_times} of {df.height} {what} rows have a NULL or inverted start/end "
+                f"timestamp ({table})",
+            )
+        for column, source in (("device", "deviceId"), ("global_pid", "globalPid")):
+            if df.height and source not in self.columns(table):
+                # every nsys release writes both columns: their absence is a damaged schema
+                raise TraceError(self.shown, f"the {table} table has no {source} column; the export is damaged")
+            missing = df[column].null_count()
+            if missing:
+                raise TraceError(
+                    self.shown,
+                    f"{missing} of {df.height} {what} rows have no {source} ({table}); "
+                    "the export is damaged",
+                )
+
     def kernels(self) -> pl.DataFrame:
         t = _KERNEL_TABLE
         raw = self.fetch(
@@ -476,15 +533,7 @@ class _Reader:
                 "graph_node_id": I64, "graph_id": I64,
             },
         )
-        bad = raw.filter(
-            pl.col("start").is_null() | pl.col("end").is_null() | (pl.col("end") < pl.col("start"))
-        ).height
-        if bad:
-            raise TraceError(
-                self.shown,
-                f"{bad} of {raw.height} kernel rows have a NULL or inverted start/end "
-                f"timestamp ({t})",
-            )
+        self.check_activity_rows(raw, t, "kernel")
         if raw.height == 0:
             self.warnings.append("the kernel table is empty")
         df = self.resolve(raw, "demangled_id", "_demangled")
@@ -516,6 +565,7 @@ class _Reader:
                 "graph_node_id": I64,
             },
         )
+        self.check_activity_rows(df, t, "memcpy")
         return df.with_columns(
             _pid("global_pid").alias("pid"),
             _label("_copy", MEMCPY_KINDS).alias("copy_kind"),
@@ -539,6 +589,7 @@ class _Reader:
                 "correlation": I64, "bytes": I64, "_mem": I64, "graph_node_id": I64,
             },
         )
+        self.check_activity_rows(df, t, "memset")
         return df.with_columns(
             _pid("global_pid").alias("pid"), _label("_mem", MEM_KINDS).alias("mem_kind")
         )

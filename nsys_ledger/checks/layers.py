@@ -1,0 +1,484 @@
+"""The per-layer ledger: kernels per layer and group against the layer classes' ranges.
+
+Input are the decode kernels with their layer and group (attribution.layers). Two checks:
+
+* range (``layers.classes.CLASS.groups.GROUP``): every layer of a class launches, per step,
+  a count of its group's kernels inside the declared range; a group no class declares for a
+  layer is expected to launch nothing there.
+* uniform (``layers.uniform``): layers of the same classes run the same code, so within a step
+  they launch the same count per group. A layer that differs from the majority of its peers is
+  a finding even inside the range (the seed's ranges are wide; one stray kernel is not).
+
+A finding names the layers, the group, observed against expected and the extra or missing op:
+the layer's kernel sequence is compared with the commonest sequence of its peers
+(`difflib`, once per distinct sequence, not per row); where no peer launches the expected count
+the group's ops are listed with the op before each repeated one.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections import Counter
+from dataclasses import dataclass
+
+import polars as pl
+
+from nsys_ledger.attribution.graph_capture import RESOLVED
+from nsys_ledger.attribution.layers import HOW, NO_LAYER, LayerAttribution
+from nsys_ledger.checks.ledger import CheckOutcome, Finding, compact_ranges, describe_steps, short_kernel_name
+from nsys_ledger.ledger.model import Expectations, Range
+
+UNGROUPED = "ungrouped"  # kernels whose op has no group and no sub-module decides one
+UNDECLARED_SOURCE = "layers.classes"
+UNIFORM_SOURCE = "layers.uniform"
+STEP_KEY = ["rank", "step"]
+_SEPARATOR = "\x1f"  # between the items of a layer sequence
+_RECORD = "\x1e"  # between an item's label and its group
+
+HINT_HIGH = ("extra kernels inside the layer: a fusion broke, a stray copy or cast, or a kernel split "
+             "into several launches")
+HINT_LOW = "kernels missing from the layer: a fused kernel, a skipped branch, or nodes the capture dropped"
+HINT_UNIFORM = "one layer runs different code than its peers: a stray op, a layer-specific fallback or a graph break"
+
+
+@dataclass(frozen=True)
+class LayerSummary:
+    """Layers of the decode kernels: how they were found, counts per layer and group.
+
+    Every frame carries `rank`, so summaries of several exports stack (multifile)."""
+
+    regex: str  # the layer regex used on NVTX range names
+    coverage: pl.DataFrame  # rank, how, kernels: decode kernels by how their layer was found
+    counts: pl.DataFrame  # rank, step, layer, group, count (layer_figures)
+    sequences: pl.DataFrame  # rank, step, layer, sequence_id: each layer's kernel sequence (layer_figures)
+    sequence_texts: pl.DataFrame  # sequence_id, sequence: the distinct sequences spelled out
+    inferred: pl.DataFrame  # rank, step, segments, repaired_after: steps whose layers were inferred
+    unresolved_graph_nodes: pl.DataFrame  # rank, status, nodes, kernels: decode graph kernels without capture origin
+    assignments: pl.DataFrame  # rank, step, row, layer, submodule, layer_group, how: every GPU activity
+    notes: tuple[str, ...] = ()
+
+    def kernels_by_how(self) -> dict[str, int]:
+        """Decode kernels by how their layer was found, every key of attribution.layers.HOW."""
+        totals = dict(self.coverage.group_by("how").agg(pl.col("kernels").sum()).iter_rows())
+        return {how: int(totals.get(how, 0)) for how in HOW}
+
+    @property
+    def share_with_layer(self) -> float:
+        """Share of decode kernels that got a layer (0 when there are none)."""
+        by_how = self.kernels_by_how()
+        total = sum(by_how.values())
+        return (total - by_how[NO_LAYER]) / total if total else 0.0
+
+    @property
+    def inferred_steps(self) -> int:
+        return self.inferred.height
+
+
+def summarize_layers(attribution: LayerAttribution) -> LayerSummary:
+    """Figures of the decode kernels from the per-activity attribution."""
+    activities = attribution.activities
+    kernels = activities.filter(pl.col("decode").fill_null(False) & (pl.col("activity") == "kernel"))
+    coverage = kernels.group_by("rank", "how").agg(pl.len().cast(pl.Int64).alias("kernels")).sort("rank", "how")
+    unresolved_nodes = attribution.capture.filter(pl.col("status") != RESOLVED).select("pid", "graph_node_id", "status")
+    unresolved = (
+        kernels.filter(pl.col("graph_node_id").is_not_null())
+        .join(unresolved_nodes, on=["pid", "graph_node_id"], how="inner")
+        .group_by("rank", "status")
+        .agg(pl.col("graph_node_id").n_unique().cast(pl.Int64).alias("nodes"), pl.len().cast(pl.Int64).alias("kernels"))
+        .sort("rank", "status")
+    )
+    counts, sequences, texts = layer_figures(kernels)
+    return LayerSummary(
+        regex=attribution.regex,
+        coverage=coverage,
+        counts=counts,
+        sequences=sequences,
+        sequence_texts=texts,
+        inferred=attribution.inferred,
+        unresolved_graph_nodes=unresolved,
+        assignments=activities.select("rank", "step", "row", "layer", "submodule", "layer_group", "how"),
+        notes=attribution.notes,
+    )
+
+
+def compact_layer_counts(counts: pl.DataFrame) -> pl.DataFrame:
+    """Per-layer counts, compact: one row per (rank, groups signature, step set, layer set).
+
+    Layers whose group counts are equal in the same steps share a row; a healthy trace
+    collapses to a handful of rows (one per layer class) however many steps it has.
+    Columns: `rank, layers (list), steps (list), groups (struct-like dict list), kernels`.
+    """
+    if counts.height == 0:
+        return pl.DataFrame(schema={"rank": pl.Int64, "layers": pl.List(pl.Int64), "steps": pl.List(pl.Int64),
+                                    "groups": pl.Utf8, "kernels": pl.Int64})
+    signature = pl.concat_str(pl.col("group"), pl.lit("="), pl.col("count").cast(pl.Utf8)).sort().str.join(",")
+    per_layer = counts.group_by(*STEP_KEY, "layer").agg(signature.alias("groups"), pl.col("count").sum().alias("kernels"))
+    by_steps = per_layer.group_by("rank", "layer", "groups", "kernels").agg(pl.col("step").sort().alias("steps"))
+    return (
+        by_steps.with_columns(pl.col("steps").list.eval(pl.element().cast(pl.Utf8)).list.join(",").alias("_steps_key"))
+        .group_by("rank", "groups", "kernels", "_steps_key")
+        .agg(pl.col("layer").sort().alias("layers"), pl.col("steps").first())
+        .with_columns(pl.col("layers").list.first().alias("_first"))
+        .sort("rank", "_first", "_steps_key")
+        .select("rank", "layers", "steps", "groups", "kernels")
+    )
+
+
+def layer_figures(kernels: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """Per (rank, step, layer), in one grouped pass over the kernels that have a layer:
+
+    * counts `rank, step, layer, group, count` (`ungrouped` for kernels of no group);
+    * sequences `rank, step, layer, sequence_id`: a hash of the layer's kernels in issue
+      order, (op, group) each, so equal layers share an id without any string being built;
+    * texts `sequence_id, sequence`: one layer per distinct id spelled out, items
+      `label<RS>group` joined by <US> (ASCII record and unit separators), the label being the
+      op name, or the bare kernel name for kernels no op matches.
+
+    Issue order is the launch time (the GPU start for a kernel without a launch call), and for
+    CUDA-graph kernels the capture time of their node (all kernels of one replay share the
+    launch).
+    """
+    key = [*STEP_KEY, "layer"]
+    order = ["_launched", "capture_time"]
+    unmatched = pl.col("op").is_null() | (pl.col("op") == "other")
+    layered = kernels.filter(pl.col("layer").is_not_null()).select(
+        *key, "op", "name", "capture_time", pl.col("layer_group").fill_null(UNGROUPED),
+        pl.coalesce("api_start", "start").alias("_launched"),
+    )
+    counts = (
+        layered.group_by(*key, pl.col("layer_group").alias("group"))
+        .agg(pl.len().cast(pl.Int64).alias("count"))
+        .sort(*key, "group")
+    )
+    item = pl.struct(pl.col("op"), pl.when(unmatched).then(pl.col("name")), pl.col("layer_group")).hash()
+    sequences = (
+        layered.group_by(key)
+        .agg(item.sort_by(order, nulls_last=True).alias("_items"))
+        .select(*key, pl.col("_items").hash().alias("sequence_id"))
+        .sort(key)
+    )
+    spelled = sequences.unique(subset="sequence_id", keep="first")
+    examples = layered.join(spelled, on=key, how="inner")
+    names = examples.filter(unmatched).select(pl.col("name").unique()).drop_nulls()
+    bare = names.with_columns(pl.Series("_bare", [_bare_name(n) for n in names["name"]], dtype=pl.Utf8))
+    label = pl.when(unmatched).then(pl.col("_bare")).otherwise(pl.col("op"))
+    item = pl.concat_str(label.fill_null("?"), pl.lit(_RECORD), pl.col("layer_group"))
+    texts = (
+        examples.join(bare, on="name", how="left")
+        .sort(*key, *order, nulls_last=True)
+        .group_by("sequence_id", maintain_order=True)
+        .agg(item.str.join(_SEPARATOR).alias("sequence"))
+    )
+    return counts, sequences, texts
+
+
+def check_layers(expectations: Expectations, summary: LayerSummary, decode_steps: int) -> list[CheckOutcome]:
+    """The per-layer outcomes for the decode steps where some kernel has a layer.
+
+    `decode_steps` is the number of decode steps, for the message when no layer was found.
+    """
+    counts = summary.counts
+    classes = expectations.layer_classes
+    if not classes:
+        return []
+    checked_steps = counts.select(STEP_KEY).unique().sort(STEP_KEY)
+    if checked_steps.height == 0:
+        return [_no_layers_outcome(decode_steps)]
+    expected = _expected_counts(expectations)
+    grid = (
+        checked_steps.join(expected, how="cross")
+        .join(counts, on=[*STEP_KEY, "layer", "group"], how="left")
+        .with_columns(pl.col("count").fill_null(0))
+    )
+    class_set_of = expected.select("layer", "class_set").unique()
+    undeclared = (
+        counts.join(expected.select("layer", "group"), on=["layer", "group"], how="anti")
+        .join(class_set_of, on="layer", how="left")
+        .with_columns(
+            pl.lit(0.0).alias("low"), pl.lit(0.0).alias("high"), pl.lit(UNDECLARED_SOURCE).alias("source"),
+            pl.lit(None, pl.Utf8).alias("class_name"), pl.col("class_set").fill_null("no class"),
+        )
+        .select(grid.columns)
+    )
+    table = pl.concat([grid, undeclared], how="vertical")
+    sequences = _Sequences(summary.sequences, summary.sequence_texts, class_set_of)
+    n_steps = checked_steps.height
+
+    outcomes: list[CheckOutcome] = []
+    range_failing = table.filter(_outside_range())
+    for layer_class in classes:
+        for group, expected_range in layer_class.groups.items():
+            source = f"{layer_class.source}.groups.{group}"
+            rows = table.filter(pl.col("source") == source)
+            failing = range_failing.filter(pl.col("source") == source)
+            findings = _range_findings(failing, expected_range, sequences, n_steps)
+            outcomes.append(
+                CheckOutcome(f"layers {layer_class.name}: {group} per layer", source, expected_range.describe(),
+                             _observed(rows["count"]), tuple(findings))
+            )
+    stray = table.filter(pl.col("source") == UNDECLARED_SOURCE)
+    outcomes.append(
+        CheckOutcome("layer kernels in undeclared groups", UNDECLARED_SOURCE, "0", _observed(stray["count"], "0"),
+                     tuple(_range_findings(range_failing.filter(pl.col("source") == UNDECLARED_SOURCE),
+                                           Range(0, 0), sequences, n_steps)))
+    )
+    if expectations.layer_rule.uniform:
+        deviating = _uniform_deviations(table, range_failing)
+        findings = _uniform_findings(deviating, sequences, n_steps)
+        outcomes.append(
+            CheckOutcome("layers launch like their peers", UNIFORM_SOURCE, "equal per group within a class",
+                         f"{deviating.select('layer').n_unique()} layers differ" if deviating.height else "equal",
+                         tuple(findings))
+        )
+    return outcomes
+
+
+# ---- expectations -------------------------------------------------------------------------
+
+
+def _expected_counts(expectations: Expectations) -> pl.DataFrame:
+    """`layer, group, low, high, source, class_name, class_set` for every declared (layer, group)."""
+    classes_of: dict[int, list[str]] = {}
+    for layer_class in expectations.layer_classes:
+        for layer in layer_class.layers:
+            classes_of.setdefault(layer, []).append(layer_class.name)
+    rows = []
+    for layer_class in expectations.layer_classes:
+        for group, expected_range in layer_class.groups.items():
+            for layer in layer_class.layers:
+                rows.append((layer, group, expected_range.low, expected_range.high,
+                             f"{layer_class.source}.groups.{group}", layer_class.name, " + ".join(classes_of[layer])))
+    return pl.DataFrame(
+        rows, orient="row",
+        schema={"layer": pl.Int64, "group": pl.Utf8, "low": pl.Float64, "high": pl.Float64, "source": pl.Utf8,
+                "class_name": pl.Utf8, "class_set": pl.Utf8},
+    )
+
+
+def _outside_range() -> pl.Expr:
+    return (pl.col("count") < pl.col("low").fill_null(float("-inf"))) | (
+        pl.col("count") > pl.col("high").fill_null(float("inf"))
+    )
+
+
+def _observed(values: pl.Series, empty: str = "-") -> str:
+    if len(values) == 0:
+        return empty
+    low, high = values.min(), values.max()
+    return f"{low}" if low == high else f"{low}-{high}"
+
+
+# ---- kernel sequences of each layer -------------------------------------------------------
+
+
+class _Sequences:
+    """The issue-ordered kernel sequence of every (rank, step, layer) and each class set's
+    commonest one, the reference a deviating layer is compared with."""
+
+    def __init__(self, sequences: pl.DataFrame, texts: pl.DataFrame, class_set_of: pl.DataFrame):
+        self.by_layer = sequences.join(class_set_of, on="layer", how="left")
+        self.texts = dict(texts.unique(subset="sequence_id").iter_rows())
+        commonest = (
+            self.by_layer.group_by("class_set", "sequence_id").len()
+            .sort("len", "sequence_id", descending=[True, False])
+            .unique(subset="class_set", keep="first", maintain_order=True)
+        )
+        self.reference = {class_set: self.texts.get(seq) for class_set, seq in
+                          commonest.select("class_set", "sequence_id").iter_rows()}
+        self._cache: dict[tuple, str] = {}
+
+    def of(self, rows: pl.DataFrame) -> pl.DataFrame:
+        """`rows` + `sequence` (joined on rank, step, layer)."""
+        with_ids = rows.join(self.by_layer.select(*STEP_KEY, "layer", "sequence_id"), on=[*STEP_KEY, "layer"],
+                             how="left")
+        texts = pl.DataFrame({"sequence_id": list(self.texts), "sequence": list(self.texts.values())},
+                             schema={"sequence_id": pl.UInt64, "sequence": pl.Utf8})
+        return with_ids.join(texts, on="sequence_id", how="left").drop("sequence_id")
+
+    def describe(self, sequence: str | None, class_set: str, group: str, expected: Range | None) -> str:
+        """What differs in `group` from the peers' sequence, or the group's ops when no peer
+        launches an expected count."""
+        key = (sequence, class_set, group, expected)
+        if key not in self._cache:
+            self._cache[key] = self._describe(sequence, class_set, group, expected)
+        return self._cache[key]
+
+    def _describe(self, sequence: str | None, class_set: str, group: str, expected: Range | None) -> str:
+        observed = _items(sequence)
+        reference = _items(self.reference.get(class_set))
+        reference_count = sum(1 for _, g in reference if g == group)
+        usable = reference and (expected is None or expected.contains(reference_count))
+        if usable:
+            text = _difference(reference, observed, group)
+            if text:
+                return text
+        return _listing(observed, group)
+
+
+def _bare_name(name: str | None) -> str:
+    """`void at::native::elementwise_kernel<...>(...)` -> `elementwise_kernel`."""
+    return short_kernel_name(name, 200).split("::")[-1]
+
+
+def _items(sequence: str | None) -> list[tuple[str, str]]:
+    if not sequence:
+        return []
+    return [tuple(item.split(_RECORD, 1)) for item in sequence.split(_SEPARATOR)]  # type: ignore[misc]
+
+
+def _difference(reference: list[tuple[str, str]], observed: list[tuple[str, str]], group: str) -> str:
+    """"one extra `elementwise_kernel` after `cublas_gemm`; `mla_combine` missing after ..."."""
+    matcher = difflib.SequenceMatcher(a=reference, b=observed, autojunk=False)
+    extra: Counter[tuple[str, str]] = Counter()
+    missing: Counter[tuple[str, str]] = Counter()
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag in ("insert", "replace"):
+            for j in range(j1, j2):
+                if observed[j][1] == group:
+                    extra[(observed[j][0], _before(observed, j))] += 1
+        if tag in ("delete", "replace"):
+            for i in range(i1, i2):
+                if reference[i][1] == group:
+                    missing[(reference[i][0], _before(reference, i))] += 1
+    parts = [f"{_count_word(n)} extra `{label}` {where}" for (label, where), n in extra.items()]
+    parts += [f"{_count_word(n)} missing `{label}` {where}" for (label, where), n in missing.items()]
+    return "; ".join(parts)
+
+
+def _before(items: list[tuple[str, str]], index: int) -> str:
+    return f"after `{items[index - 1][0]}`" if index > 0 else "at the start of the layer"
+
+
+def _listing(observed: list[tuple[str, str]], group: str) -> str:
+    """`{group} ops: per_token_group_quant x3 (after fused_add_rmsnorm x2, moe_topk), ...`."""
+    counts: Counter[str] = Counter()
+    before: dict[str, Counter[str]] = {}
+    for index, (label, item_group) in enumerate(observed):
+        if item_group != group:
+            continue
+        counts[label] += 1
+        before.setdefault(label, Counter())[observed[index - 1][0] if index else "start"] += 1
+    if not counts:
+        return f"no {group} kernel in the layer"
+    parts = []
+    for label, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
+        if n == 1:
+            parts.append(f"`{label}`")
+            continue
+        after = ", ".join(f"{prev}" + (f" x{k}" if k > 1 else "") for prev, k in before[label].most_common())
+        parts.append(f"`{label}` x{n} (after {after})")
+    return f"{group} ops: " + ", ".join(parts)
+
+
+def _count_word(n: int) -> str:
+    return "one" if n == 1 else str(n)
+
+
+# ---- findings -----------------------------------------------------------------------------
+
+
+def _range_findings(failing: pl.DataFrame, expected: Range, sequences: _Sequences, n_steps: int) -> list[Finding]:
+    if failing.height == 0:
+        return []
+    described = sequences.of(failing)
+    descriptions = [
+        sequences.describe(seq, class_set, group, expected)
+        for seq, class_set, group in described.select("sequence", "class_set", "group").iter_rows()
+    ]
+    described = described.with_columns(pl.Series("description", descriptions, dtype=pl.Utf8))
+    findings = []
+    groups = described.group_by("source", "group", "count", "description", maintain_order=True)
+    for (source, group, count, description), rows in sorted(groups, key=lambda g: (g[1]["layer"].min(), g[0][2])):
+        side = "too many" if count > (expected.high if expected.high is not None else float("inf")) else "too few"
+        layers = compact_ranges(rows["layer"].to_list())
+        steps_text = describe_steps(rows.select(STEP_KEY).unique().sort(STEP_KEY))
+        n_failing = rows.select(STEP_KEY).n_unique()
+        declared = source != UNDECLARED_SOURCE
+        expected_text = expected.describe() if declared else f"0 (no class declares {group} for these layers)"
+        what = f"{group} {count} launches per layer"
+        if group == UNGROUPED:
+            what, expected_text = f"{count} kernel(s) per layer matching no op of the ledger", "0"
+        message = (
+            f"{_layers_word(layers)}: {what}, expected {expected_text}, in {n_failing} of "
+            f"{n_steps} steps (steps {steps_text}): {description}"
+        )
+        findings.append(Finding(
+            check="layer", subject=group, source=source, message=message, steps=steps_text,
+            failing_steps=n_failing, observed=str(count), expected=expected_text,
+            hint=HINT_HIGH if side == "too many" else HINT_LOW, layers=layers,
+        ))
+    return findings
+
+
+def _uniform_deviations(table: pl.DataFrame, range_failing: pl.DataFrame) -> pl.DataFrame:
+    """(rank, step, layer, group) rows whose count differs from the count most of their peers
+    (same class set, same step) launch; rows already outside their range are left to that check."""
+    peers = ["rank", "step", "class_set", "group"]
+    modal = (
+        table.group_by(*peers, "count").agg(pl.len().alias("_with"))
+        .with_columns(pl.col("_with").sum().over(peers).alias("_peers"))
+        .sort("_with", "count", descending=[True, False])
+        .unique(subset=peers, keep="first")
+        .filter(pl.col("_with") * 2 > pl.col("_peers"))  # a strict majority, else nobody is odd
+        .select(*peers, pl.col("count").alias("modal"), pl.col("_with").alias("agreeing"))
+    )
+    return (
+        table.join(modal, on=peers, how="inner")
+        .filter(pl.col("count") != pl.col("modal"))
+        .join(range_failing.select(*STEP_KEY, "layer", "group"), on=[*STEP_KEY, "layer", "group"], how="anti")
+    )
+
+
+def _uniform_findings(deviating: pl.DataFrame, sequences: _Sequences, n_steps: int) -> list[Finding]:
+    if deviating.height == 0:
+        return []
+    described = sequences.of(deviating)
+    descriptions = [
+        sequences.describe(seq, class_set, group, None)
+        for seq, class_set, group in described.select("sequence", "class_set", "group").iter_rows()
+    ]
+    described = described.with_columns(pl.Series("description", descriptions, dtype=pl.Utf8))
+    findings = []
+    keys = ("group", "class_set", "count", "modal", "description")
+    for (group, class_set, count, modal, description), rows in sorted(
+        described.group_by(*keys, maintain_order=True), key=lambda g: g[1]["layer"].min()
+    ):
+        layers = compact_ranges(rows["layer"].to_list())
+        steps_text = describe_steps(rows.select(STEP_KEY).unique().sort(STEP_KEY))
+        n_failing = rows.select(STEP_KEY).n_unique()
+        peers = int(rows["agreeing"].min())
+        declared = rows["source"][0]
+        allowed = (
+            f" (the ledger allows {_range_text(rows['low'][0], rows['high'][0])})" if declared != UNDECLARED_SOURCE else ""
+        )
+        message = (
+            f"{_layers_word(layers)}: {group} {count} launches per layer, expected {modal} like the other {peers} "
+            f"layers of class {class_set}{allowed}, in {n_failing} of {n_steps} steps (steps {steps_text}): {description}"
+        )
+        findings.append(Finding(
+            check="layer_uniform", subject=group, source=UNIFORM_SOURCE, message=message, steps=steps_text,
+            failing_steps=n_failing, observed=str(count), expected=str(modal), hint=HINT_UNIFORM, layers=layers,
+        ))
+    return findings
+
+
+def _range_text(low: float | None, high: float | None) -> str:
+    return Range(low, high).describe()
+
+
+def _layers_word(layers: str) -> str:
+    single = "," not in layers and "-" not in layers
+    return f"layer {layers}" if single else f"layers {layers}"
+
+
+def _no_layers_outcome(decode_steps: int) -> CheckOutcome:
+    message = (
+        f"no decode kernel could be given a layer in any of the {decode_steps} decode steps: the trace has no "
+        "layer-wise NVTX ranges matching [layers] regex, and layer inference found no opening op"
+    )
+    finding = Finding(
+        check="layer", subject="layers", source="layers", message=message, steps="all", failing_steps=decode_steps,
+        observed="no layers", expected="layers by NVTX or inference",
+        hint="record with SGLang --enable-layerwise-nvtx-marker, or check [layers] opening_op in the expectations",
+    )
+    return CheckOutcome("decode kernels have layers", "layers", "layers found", "none", (finding,))
