@@ -89,6 +89,16 @@ def test_totals_add_up_and_events_stay_in_the_workers(stacked, singles):
     assert stacked.trace.devices["device"].to_list() == [0, 1]
 
 
+def test_events_travel_back_when_asked_for(expectations, singles):
+    kept = check_many(FILES[1:], expectations, keep_events=True)
+    activities = kept.steps.activities
+    assert activities.height == singles[1].steps.activities.height + singles[2].steps.activities.height == 24_832
+    assert activities["rank"].drop_nulls().unique().sort().to_list() == [0, 1]
+    assert kept.trace.kernels.height == 11_933 + 12_869
+    assert kept.step_table.equals(pl.concat([singles[1].step_table, singles[2].step_table.with_columns(
+        pl.col("rank") + 1)]))
+
+
 def test_one_file_is_a_plain_check(expectations, singles):
     one = check_many([FILES[1]], expectations)
     assert one.files == ()

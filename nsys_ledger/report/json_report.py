@@ -120,4 +120,6 @@ def _files(result: Result) -> list[dict]:
 
 
 def write_json(result: Result, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(result_document(result), indent=2, ensure_ascii=False) + "\n")
+    # UTF-8 whatever the locale: kernel names can hold any character (U+FFFD for bad bytes)
+    Path(path).write_text(json.dumps(result_document(result), indent=2, ensure_ascii=False) + "\n",
+                          encoding="utf-8")
