@@ -212,12 +212,14 @@ def _infer_where_missing(
 ) -> tuple[pl.DataFrame, pl.DataFrame, list[str]]:
     """Infer layers in the decode steps where no kernel got one from NVTX."""
     decode_kernels = pl.col("decode").fill_null(False) & pl.col("op").is_not_null()
-    without_nvtx = (
-        activities.filter(decode_kernels)
+    without_nvtx = (  # lazy: only the four columns read are filtered, not every column
+        activities.lazy()
+        .filter(decode_kernels)
         .group_by("rank", "step")
         .agg(pl.col("layer").is_not_null().any().alias("_named"))
         .filter(~pl.col("_named"))
         .select("rank", "step")
+        .collect()
     )
     if without_nvtx.height == 0:
         return activities, pl.DataFrame(schema=INFERRED_SCHEMA), []
