@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 import nsys_ledger
 from nsys_ledger.checks.budget import BUDGET_COLUMNS
-from nsys_ledger.checks.gaps import find_gaps
+from nsys_ledger.checks.gaps import find_gaps, step_spans
 from nsys_ledger.checks.ranks import compare_ranks
 from nsys_ledger.cli import main
 from nsys_ledger.ledger.model import Range
@@ -271,7 +271,7 @@ def _causes(rows: list[tuple], syncs: list[tuple] = ()) -> list[tuple]:
     acts = _activities(rows)
     sync_windows = pl.DataFrame(list(syncs), orient="row", schema={"pid": pl.Int64, "start": pl.Int64, "end": pl.Int64})
     overhead = pl.DataFrame(schema={"start": pl.Int64, "end": pl.Int64, "global_tid": pl.Int64, "pid": pl.Int64})
-    gaps = find_gaps(acts, acts, overhead, sync_windows, 2_000)
+    gaps = find_gaps(acts, step_spans(acts), overhead, sync_windows, 2_000)
     return gaps.select("start", "end", "cause").rows()
 
 
@@ -309,7 +309,7 @@ def test_profiler_overhead_is_not_idle():
     acts = _activities([(10_000, 20_000, "k_a", None, 1, 0, 1), (40_000, 45_000, "k_b", None, 2, 0, 1)])
     none = pl.DataFrame(schema={"pid": pl.Int64, "start": pl.Int64, "end": pl.Int64})
     overhead = pl.DataFrame({"start": [21_000], "end": [39_000], "global_tid": [1 << 24], "pid": [1]})
-    gaps = find_gaps(acts, acts, overhead, none, 500)
+    gaps = find_gaps(acts, step_spans(acts), overhead, none, 500)
     # 20-21 us and 39-40 us stay idle; the 18 us of profiler overhead between them do not count
     assert gaps.select("start", "end", "before", "after").rows() == [
         (20_000, 21_000, "k_a", "profiler overhead"), (39_000, 40_000, "profiler overhead", "k_b"),

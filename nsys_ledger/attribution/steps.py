@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from nsys_ledger.frames import group_agg
 from nsys_ledger.ledger.model import StepRule
 
 NO_TIME_BEFORE = -(2**62)
@@ -266,8 +267,8 @@ def _judge_windows(
 
     Windows that hold no GPU activity are dropped (they are idle host time, not steps).
     """
-    activity_counts = activities.filter(pl.col("window").is_not_null()).group_by("key", "window").agg(
-        pl.len().alias("activities")
+    activity_counts = group_agg(
+        activities.lazy().filter(pl.col("window").is_not_null()), ["key", "window"], pl.len().alias("activities")
     )
     graph_launches = (
         api_calls.filter(pl.col("window").is_not_null() & (pl.col("kind") == "graph_launch"))

@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import polars as pl
 
+from nsys_ledger.frames import group_agg
+
 # Kernel names of collectives: NCCL, SGLang's custom all-reduce (one/two shot, the 1/2 stage
 # cross-device reduce, the all-reduce fused with the norm), DeepEP dispatch/combine.
 COLLECTIVE_REGEX = (
@@ -65,7 +67,10 @@ GAP_SCHEMA = {
 
 def collective_names(activities: pl.DataFrame) -> pl.Series:
     """The distinct kernel names that are collectives (the regex runs once per distinct name)."""
-    names = activities.filter(pl.col("activity") == "kernel").get_column("name").unique().drop_nulls()
+    names = (
+        activities.lazy().filter(pl.col("activity") == "kernel").select(pl.col("name").unique().drop_nulls())
+        .collect().to_series()
+    )
     return names.filter(names.str.contains(COLLECTIVE_REGEX))
 
 
@@ -96,8 +101,11 @@ def timeline_segments(
     # few groups (processes x devices, or x streams): one sort per group on one column is far
     # cheaper than a sort of everything by several columns
     # a damaged export can leave a pid or device NULL: such groups sort last instead of failing
-    groups = sorted(acts.partition_by(key, maintain_order=True),
-                    key=lambda g: tuple((g[k][0] is None, g[k][0] or 0) for k in key))
+    one_group = acts.select(pl.struct(key).n_unique()).item() == 1
+    groups = [acts] if one_group else sorted(  # one device: no partition, which would copy it all
+        acts.partition_by(key, maintain_order=True),
+        key=lambda g: tuple((g[k][0] is None, g[k][0] or 0) for k in key),
+    )
     parts = [_group_segments(group, ranges.filter(pl.col("pid") == group["pid"][0]), key) for group in groups]
     if not parts:
         return pl.DataFrame(schema={**{k: pl.Int64 for k in key}, "seg_start": pl.Int64, "seg_end": pl.Int64,
@@ -107,8 +115,11 @@ def timeline_segments(
 
 def _group_segments(group: pl.DataFrame, overhead: pl.DataFrame, key: list[str]) -> pl.DataFrame:
     """Segments of one key's timeline (see timeline_segments)."""
+    key_values = group.select(pl.col(k).first() for k in key).row(0)
     # `_t2` = 2 t for starts, 2 t + 1 for ends: at equal times starts come first, so
     # back-to-back activities leave no zero-length hole
+    # one lazy query, so that the intermediate event tables are freed as soon as they are read
+    group = group.lazy()
     starts = group.select(
         (pl.col("start") * 2).alias("_t2"), pl.lit(1, pl.Int32).alias("_all"), "_compute",
         pl.lit(0, pl.Int32).alias("_overhead"), "row",
@@ -118,6 +129,7 @@ def _group_segments(group: pl.DataFrame, overhead: pl.DataFrame, key: list[str])
         (-pl.col("_compute")).alias("_compute"), pl.lit(0, pl.Int32).alias("_overhead"), "row",
     )
     no_activity = [pl.lit(0, pl.Int32).alias("_all"), pl.lit(0, pl.Int32).alias("_compute")]
+    overhead = overhead.lazy()
     overhead_events = pl.concat([
         overhead.select((pl.col("start") * 2).alias("_t2"), *no_activity, pl.lit(1, pl.Int32).alias("_overhead"),
                         pl.lit(None, pl.UInt32).alias("row")),
@@ -141,15 +153,16 @@ def _group_segments(group: pl.DataFrame, overhead: pl.DataFrame, key: list[str])
         .otherwise(pl.lit("idle", SEGMENT_KIND))
     )
     return running.filter(pl.col("seg_end") > pl.col("seg_start")).select(
-        *[pl.lit(group[k][0], pl.Int64).alias(k) for k in key],
+        *[pl.lit(value, pl.Int64).alias(k) for k, value in zip(key, key_values)],
         "seg_start", "seg_end", kind.alias("kind"), pl.col("row").alias("before_row"), "after_row",
-    )
+    ).collect()
 
 
 def step_spans(decode_activities: pl.DataFrame) -> pl.DataFrame:
     """GPU span of each decode step on each device: `rank, step, pid, device, gpu_start, gpu_end`."""
-    return decode_activities.group_by("rank", "step", "pid", "device").agg(
-        pl.col("start").min().alias("gpu_start"), pl.col("end").max().alias("gpu_end")
+    return group_agg(
+        decode_activities, ["rank", "step", "pid", "device"],
+        pl.col("start").min().alias("gpu_start"), pl.col("end").max().alias("gpu_end"),
     )
 
 
@@ -253,7 +266,7 @@ def _sync_before_launch(gaps: pl.DataFrame, sync_windows: pl.DataFrame) -> pl.Se
 
 def find_gaps(
     activities: pl.DataFrame,
-    decode_activities: pl.DataFrame,
+    spans: pl.DataFrame,
     overhead: pl.DataFrame,
     sync_windows: pl.DataFrame,
     threshold_ns: int,
@@ -265,14 +278,13 @@ def find_gaps(
     """Gaps above `threshold_ns` inside decode steps (GAP_SCHEMA), with neighbours and cause.
 
     `activities` are all GPU activities (decode or not: the device is busy either way),
-    `decode_activities` those of decode steps (they define the step spans). Device-wide by
+    `spans` the decode steps' GPU spans on each device (step_spans). Device-wide by
     default; per stream with `per_stream`. `segments` may pass a sweep already made with
     the matching key; `collectives` the collective kernel names, when already known.
     """
     key = STREAM_KEY if per_stream else DEVICE_KEY
     if segments is None:
         segments = timeline_segments(activities, overhead, key, collectives)
-    spans = step_spans(decode_activities)
     idle = segments.filter((pl.col("kind") == "idle") & (pl.col("seg_end") - pl.col("seg_start") > threshold_ns))
     inside = segments_in_steps(idle, spans, presorted=not per_stream)
     if inside.height == 0:

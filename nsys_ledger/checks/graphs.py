@@ -13,6 +13,7 @@ from __future__ import annotations
 import polars as pl
 
 from nsys_ledger.checks.ledger import short_kernel_name
+from nsys_ledger.frames import group_agg
 
 STEP_KEY = ["rank", "step"]
 
@@ -30,8 +31,9 @@ def step_replays(decode_activities: pl.DataFrame) -> pl.DataFrame:
     Columns: rank, step, pid, correlation, replay (0-based), start, end, kernels, and the row
     ids of its first kernel (earliest start) and of its last (latest end).
     """
-    nodes = decode_activities.filter((pl.col("activity") == "kernel") & pl.col("graph_node_id").is_not_null())
-    replays = nodes.group_by(*STEP_KEY, "pid", "correlation").agg(
+    nodes = decode_activities.lazy().filter((pl.col("activity") == "kernel") & pl.col("graph_node_id").is_not_null())
+    replays = group_agg(
+        nodes, [*STEP_KEY, "pid", "correlation"],
         pl.col("start").min().alias("start"),
         pl.col("end").max().alias("end"),
         pl.len().cast(pl.Int64).alias("kernels"),
@@ -43,12 +45,13 @@ def step_replays(decode_activities: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def graph_breaks(replays: pl.DataFrame, decode_activities: pl.DataFrame) -> pl.DataFrame:
+def graph_breaks(replays: pl.DataFrame, decode_activities: pl.DataFrame | pl.LazyFrame) -> pl.DataFrame:
     """Each boundary between consecutive replays of one step (BREAK_SCHEMA).
 
     `replay` is the index of the later replay; `boundary_ns` the device time from the end of
     the earlier replay to the start of the later one (negative if they overlap). Only the
-    (few) steps that have a break are looked at kernel by kernel.
+    (few) steps that have a break are looked at kernel by kernel, so `decode_activities` may
+    be a lazy filter of all activities: just those steps' rows are gathered.
     """
     paired = replays.with_columns(
         pl.col("last_row").shift(1).over(STEP_KEY).alias("before_row"),
@@ -56,8 +59,13 @@ def graph_breaks(replays: pl.DataFrame, decode_activities: pl.DataFrame) -> pl.D
     ).filter(pl.col("replay") > 0)
     if paired.height == 0:
         return pl.DataFrame(schema=BREAK_SCHEMA)
-    kernels = decode_activities.filter(pl.col("activity") == "kernel").join(
-        paired.select(STEP_KEY).unique(), on=STEP_KEY, how="semi"
+    candidates = decode_activities.lazy()
+    columns = candidates.collect_schema().names()
+    kernels = (
+        candidates.filter(pl.col("activity") == "kernel")
+        .join(paired.lazy().select(STEP_KEY).unique(), on=STEP_KEY, how="semi")
+        .select(*STEP_KEY, "row", "start", "name", *[c for c in ("op", "layer") if c in columns])
+        .collect()
     )
     index = kernels.sort(*STEP_KEY, "start").select(
         pl.col("row").alias("after_row"), pl.int_range(pl.len()).over(STEP_KEY).cast(pl.Int64).alias("kernel_index")

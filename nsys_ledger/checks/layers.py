@@ -26,6 +26,7 @@ import polars as pl
 from nsys_ledger.attribution.graph_capture import RESOLVED
 from nsys_ledger.attribution.layers import HOW, NO_LAYER, LayerAttribution
 from nsys_ledger.checks.ledger import CheckOutcome, Finding, compact_ranges, describe_steps, short_kernel_name
+from nsys_ledger.frames import group_agg
 from nsys_ledger.ledger.model import Expectations, Range
 
 UNGROUPED = "ungrouped"  # kernels whose op has no group and no sub-module decides one
@@ -77,20 +78,19 @@ class LayerSummary:
 def summarize_layers(attribution: LayerAttribution) -> LayerSummary:
     """Figures of the decode kernels from the per-activity attribution."""
     activities = attribution.activities
-    # only the columns used below: a filter copies every column it keeps (~30 x millions of rows)
-    kernels = activities.select(
-        "rank", "step", "pid", "how", "graph_node_id", "layer", "layer_group", "op", "name", "capture_time",
-        "api_start", "start", "decode", "activity",
-    ).filter(pl.col("decode").fill_null(False) & (pl.col("activity") == "kernel"))
+    # lazy, so that each figure gathers only the columns it reads: a filter copies every
+    # column it keeps, and the decode kernels are nearly all of millions of rows
+    kernels = activities.lazy().filter(pl.col("decode").fill_null(False) & (pl.col("activity") == "kernel"))
     coverage = kernels.group_by("rank", "how").agg(pl.len().cast(pl.Int64).alias("kernels")).sort("rank", "how")
     unresolved_nodes = attribution.capture.filter(pl.col("status") != RESOLVED).select("pid", "graph_node_id", "status")
     unresolved = (
         kernels.filter(pl.col("graph_node_id").is_not_null())
-        .join(unresolved_nodes, on=["pid", "graph_node_id"], how="inner")
+        .join(unresolved_nodes.lazy(), on=["pid", "graph_node_id"], how="inner")
         .group_by("rank", "status")
         .agg(pl.col("graph_node_id").n_unique().cast(pl.Int64).alias("nodes"), pl.len().cast(pl.Int64).alias("kernels"))
         .sort("rank", "status")
     )
+    coverage, unresolved = pl.collect_all([coverage, unresolved])
     counts, sequences, texts = layer_figures(kernels)
     return LayerSummary(
         regex=attribution.regex,
@@ -128,7 +128,7 @@ def compact_layer_counts(counts: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def layer_figures(kernels: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+def layer_figures(kernels: pl.DataFrame | pl.LazyFrame) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     """Per (rank, step, layer), in one grouped pass over the kernels that have a layer:
 
     * counts `rank, step, layer, group, count` (`ungrouped` for kernels of no group);
@@ -145,33 +145,43 @@ def layer_figures(kernels: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, pl
     key = [*STEP_KEY, "layer"]
     order = ["_launched", "capture_time"]
     unmatched = pl.col("op").is_null() | (pl.col("op") == "other")
-    layered = kernels.filter(pl.col("layer").is_not_null()).select(
-        *key, "op", "name", "capture_time", pl.col("layer_group").fill_null(UNGROUPED),
-        pl.coalesce("api_start", "start").alias("_launched"),
+    in_layers = kernels.lazy().filter(pl.col("layer").is_not_null()).with_columns(
+        pl.col("layer_group").fill_null(UNGROUPED), pl.coalesce("api_start", "start").alias("_launched"),
     )
+    # the few groups by an integer code, so that every key is an integer (frames.group_agg)
+    groups = in_layers.select(pl.col("layer_group").unique().sort()).collect().to_series()
+    item = pl.struct(pl.col("op"), pl.when(unmatched).then(pl.col("name")), pl.col("layer_group")).hash()
+    # one narrow row per kernel (no text: the item hash stands for op, name and group)
+    layered = in_layers.select(
+        *key, *order, item.alias("_item"), pl.col("layer_group").cast(pl.Enum(groups)).to_physical().alias("_group"),
+    ).collect()
     counts = (
-        layered.group_by(*key, pl.col("layer_group").alias("group"))
-        .agg(pl.len().cast(pl.Int64).alias("count"))
+        group_agg(layered, [*key, "_group"], pl.len().cast(pl.Int64).alias("count"))
+        .join(pl.DataFrame({"group": groups}).with_row_index("_group").cast({"_group": layered["_group"].dtype}),
+              on="_group", how="left")
+        .select(*key, "group", "count")
         .sort(*key, "group")
     )
-    item = pl.struct(pl.col("op"), pl.when(unmatched).then(pl.col("name")), pl.col("layer_group")).hash()
     sequences = (
-        layered.group_by(key)
-        .agg(item.sort_by(order, nulls_last=True).alias("_items"))
+        group_agg(layered, key, pl.col("_item").sort_by(order, nulls_last=True).alias("_items"))
         .select(*key, pl.col("_items").hash().alias("sequence_id"))
         .sort(key)
     )
+    del layered
     spelled = sequences.unique(subset="sequence_id", keep="first")
-    examples = layered.join(spelled, on=key, how="inner")
+    examples = (
+        in_layers.join(spelled.lazy(), on=key, how="inner")
+        .select(*key, *order, "sequence_id", "op", "name", "layer_group").collect()
+    )
     names = examples.filter(unmatched).select(pl.col("name").unique()).drop_nulls()
     bare = names.with_columns(pl.Series("_bare", [_bare_name(n) for n in names["name"]], dtype=pl.Utf8))
     label = pl.when(unmatched).then(pl.col("_bare")).otherwise(pl.col("op"))
-    item = pl.concat_str(label.fill_null("?"), pl.lit(_RECORD), pl.col("layer_group"))
+    text_item = pl.concat_str(label.fill_null("?"), pl.lit(_RECORD), pl.col("layer_group"))
     texts = (
         examples.join(bare, on="name", how="left")
         .sort(*key, *order, nulls_last=True)
         .group_by("sequence_id", maintain_order=True)
-        .agg(item.str.join(_SEPARATOR).alias("sequence"))
+        .agg(text_item.str.join(_SEPARATOR).alias("sequence"))
     )
     return counts, sequences, texts
 

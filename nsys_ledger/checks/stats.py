@@ -9,6 +9,7 @@ from __future__ import annotations
 import polars as pl
 
 from nsys_ledger.attribution.steps import Steps
+from nsys_ledger.frames import group_agg
 
 SUBMISSION_KINDS = ["kernel_launch", "graph_launch", "memcpy", "memset"]
 STEP_KEY = ["rank", "step"]
@@ -23,7 +24,8 @@ def step_table(steps: Steps, gaps: pl.DataFrame) -> pl.DataFrame:
     """One row per decode step: where it ran and what it submitted and executed."""
     activities = _decode_activities(steps)
     windows = steps.decode.select(*STEP_KEY, "pid", "host_start", "host_end", "label")
-    gpu = activities.group_by(STEP_KEY).agg(
+    gpu = group_agg(
+        activities, STEP_KEY,
         pl.col("device").mode().first().alias("device"),
         pl.col("start").min().alias("gpu_start"),
         pl.col("end").max().alias("gpu_end"),
@@ -35,7 +37,7 @@ def step_table(steps: Steps, gaps: pl.DataFrame) -> pl.DataFrame:
         (_is_h2d() & (pl.col("src_kind") == "Pageable")).sum().cast(pl.Int64).alias("h2d_pageable"),
         pl.col("bytes").filter(_is_h2d()).sum().cast(pl.Int64).alias("h2d_bytes"),
         pl.col("bytes").filter(_is_h2d()).max().cast(pl.Int64).alias("h2d_max_bytes"),
-    ).collect()
+    )
     calls = (
         steps.api_calls.filter(pl.col("decode").fill_null(False))
         .group_by(STEP_KEY)

@@ -53,18 +53,23 @@ class Timeline:
 def build_timeline(steps: Steps, trace: Trace, threshold_ns: int, *, per_stream: bool = False) -> Timeline:
     """Gaps (above `threshold_ns`), budget, H2D copies and graph replays of the decode steps."""
     activities = steps.activities
-    decode = activities.filter(pl.col("decode").fill_null(False))
+    in_decode = activities.lazy().filter(pl.col("decode").fill_null(False))
+    # only the columns the spans and replays read: a filter copies every column it keeps, and
+    # decode steps are nearly all of a trace's millions of activities
+    decode = in_decode.select(*STEP_KEY, "pid", "device", "start", "end", "activity", "graph_node_id",
+                              "correlation", "row").collect()
     overhead = trace.profiler_overhead
     syncs = blocking_syncs(trace.api_calls, trace.syncs)
     spans = step_spans(decode)
     collectives = collective_names(activities)
     segments = timeline_segments(activities, overhead, DEVICE_KEY, collectives)
-    gaps = find_gaps(activities, decode, overhead, syncs, threshold_ns, segments=segments)
+    gaps = find_gaps(activities, spans, overhead, syncs, threshold_ns, segments=segments)
     stream_gaps = (
-        find_gaps(activities, decode, overhead, syncs, threshold_ns, per_stream=True, collectives=collectives)
+        find_gaps(activities, spans, overhead, syncs, threshold_ns, per_stream=True, collectives=collectives)
         if per_stream else None
     )
     replays = step_replays(decode)
+    del decode
     return Timeline(
         threshold_ns=threshold_ns,
         gaps=gaps,
@@ -72,7 +77,7 @@ def build_timeline(steps: Steps, trace: Trace, threshold_ns: int, *, per_stream:
         budget=budget_mod.step_budget(segments, spans, gaps, threshold_ns),
         h2d=step_h2d_copies(steps),
         replays=replays,
-        breaks=graph_breaks(replays, decode),
+        breaks=graph_breaks(replays, in_decode),
     )
 
 
