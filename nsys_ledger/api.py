@@ -27,6 +27,7 @@ from nsys_ledger.checks.timeline import (
     rank_comparison,
     timeline_outcomes,
 )
+from nsys_ledger.frames import group_agg
 from nsys_ledger.ledger import Expectations, StepRule, load_expectations
 from nsys_ledger.progress import stage
 from nsys_ledger.trace import Trace, load_trace
@@ -243,9 +244,7 @@ def trace_totals(trace: Trace) -> Totals:
     )
     h2d = trace.memcpys.filter(pl.col("copy_kind") == "HtoD")
     launches = trace.api_calls.filter(pl.col("kind").is_in(["kernel_launch", "graph_launch"]))
-    graph_replays = trace.graph_replays.height or trace.kernels.filter(
-        pl.col("graph_node_id").is_not_null()
-    ).select(pl.struct("pid", "correlation").n_unique()).item()
+    graph_replays = trace.graph_replays.height or _node_level_replays(trace.kernels)
     return Totals(
         kernels=trace.kernels.height,
         kernels_by_device={int(k): int(v) for k, v in kernels_by_device.items()},
@@ -255,3 +254,10 @@ def trace_totals(trace: Trace) -> Totals:
         api_launches=launches.height,
         graph_replays=int(graph_replays),
     )
+
+
+def _node_level_replays(kernels: pl.DataFrame) -> int:
+    """Graph replays traced node by node: distinct (process, launch correlation id) of the
+    kernels that are graph nodes."""
+    nodes = kernels.lazy().filter(pl.col("graph_node_id").is_not_null())  # lazy: reads two columns only
+    return group_agg(nodes, ["pid", "correlation"], pl.len()).height

@@ -116,7 +116,7 @@ def compact_layer_counts(counts: pl.DataFrame) -> pl.DataFrame:
         return pl.DataFrame(schema={"rank": pl.Int64, "layers": pl.List(pl.Int64), "steps": pl.List(pl.Int64),
                                     "groups": pl.Utf8, "kernels": pl.Int64})
     signature = pl.concat_str(pl.col("group"), pl.lit("="), pl.col("count").cast(pl.Utf8)).sort().str.join(",")
-    per_layer = counts.group_by(*STEP_KEY, "layer").agg(signature.alias("groups"), pl.col("count").sum().alias("kernels"))
+    per_layer = group_agg(counts, [*STEP_KEY, "layer"], signature.alias("groups"), pl.col("count").sum().alias("kernels"))
     by_steps = per_layer.group_by("rank", "layer", "groups", "kernels").agg(pl.col("step").sort().alias("steps"))
     return (
         by_steps.with_columns(pl.col("steps").list.eval(pl.element().cast(pl.Utf8)).list.join(",").alias("_steps_key"))
