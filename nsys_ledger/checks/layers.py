@@ -148,26 +148,29 @@ def layer_figures(kernels: pl.DataFrame | pl.LazyFrame) -> tuple[pl.DataFrame, p
     in_layers = kernels.lazy().filter(pl.col("layer").is_not_null()).with_columns(
         pl.col("layer_group").fill_null(UNGROUPED), pl.coalesce("api_start", "start").alias("_launched"),
     )
-    # the few groups by an integer code, so that every key is an integer (frames.group_agg)
-    groups = in_layers.select(pl.col("layer_group").unique().sort()).collect().to_series()
     item = pl.struct(pl.col("op"), pl.when(unmatched).then(pl.col("name")), pl.col("layer_group")).hash()
-    # one narrow row per kernel (no text: the item hash stands for op, name and group)
-    layered = in_layers.select(
-        *key, *order, item.alias("_item"), pl.col("layer_group").cast(pl.Enum(groups)).to_physical().alias("_group"),
-    ).collect()
+    # one narrow row per kernel: the item hash stands for op, name and group, and the group is
+    # categorical, whose integer code makes every key an integer (frames.group_agg)
+    group = pl.col("layer_group").cast(pl.Categorical)
+    layered = in_layers.select(*key, *order, item.alias("_item"), group.alias("group"),
+                               group.to_physical().alias("_group")).collect()
+    # one pass for both: each layer's sequence hash and its count of every group (by code)
+    names = layered.group_by("_group").agg(pl.col("group").first().cast(pl.Utf8))
+    per_layer = group_agg(
+        layered, key,
+        pl.col("_item").sort_by(order, nulls_last=True).alias("_items"),
+        *[(pl.col("_group") == code).sum().alias(f"_count{code}") for code in names["_group"]],
+    ).with_columns(pl.col("_items").hash().alias("sequence_id"))
+    del layered
     counts = (
-        group_agg(layered, [*key, "_group"], pl.len().cast(pl.Int64).alias("count"))
-        .join(pl.DataFrame({"group": groups}).with_row_index("_group").cast({"_group": layered["_group"].dtype}),
-              on="_group", how="left")
-        .select(*key, "group", "count")
+        per_layer.unpivot(index=key, on=[f"_count{code}" for code in names["_group"]], variable_name="_code",
+                          value_name="count")
+        .filter(pl.col("count") > 0)
+        .join(names.select(pl.format("_count{}", "_group").alias("_code"), "group"), on="_code", how="left")
+        .select(*key, "group", pl.col("count").cast(pl.Int64))
         .sort(*key, "group")
     )
-    sequences = (
-        group_agg(layered, key, pl.col("_item").sort_by(order, nulls_last=True).alias("_items"))
-        .select(*key, pl.col("_items").hash().alias("sequence_id"))
-        .sort(key)
-    )
-    del layered
+    sequences = per_layer.select(*key, "sequence_id").sort(key)
     spelled = sequences.unique(subset="sequence_id", keep="first")
     examples = (
         in_layers.join(spelled.lazy(), on=key, how="inner")
