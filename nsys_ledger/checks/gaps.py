@@ -136,8 +136,9 @@ def _group_segments(group: pl.DataFrame, overhead: pl.DataFrame, key: list[str])
         overhead.select((pl.col("end") * 2 + 1).alias("_t2"), *no_activity, pl.lit(-1, pl.Int32).alias("_overhead"),
                         pl.lit(None, pl.UInt32).alias("row")),
     ])
-    # starts are usually in time order already (a cheap sort), ends nearly so; merge the two
-    events = starts.sort("_t2").merge_sorted(pl.concat([ends, overhead_events]).sort("_t2"), key="_t2")
+    # one stable sort of all events (measured: cheaper than sorting starts and ends apart and
+    # merging them); equal times keep the activities' order, so neighbours are deterministic
+    events = pl.concat([starts, ends, overhead_events]).sort("_t2", maintain_order=True)
     running = events.with_columns(
         pl.col("_all").cum_sum(),
         pl.col("_compute").cum_sum(),

@@ -30,9 +30,8 @@ def step_table(steps: Steps, gaps: pl.DataFrame) -> pl.DataFrame:
         pl.col("start").min().alias("gpu_start"),
         pl.col("end").max().alias("gpu_end"),
         (pl.col("activity") == "kernel").sum().cast(pl.Int64).alias("kernels"),
-        pl.col("end").filter(pl.col("activity") == "kernel").sub(
-            pl.col("start").filter(pl.col("activity") == "kernel")
-        ).sum().cast(pl.Int64).alias("kernel_ns"),
+        pl.when(pl.col("activity") == "kernel").then(pl.col("end") - pl.col("start")).sum().cast(pl.Int64)
+        .alias("kernel_ns"),
         _is_h2d().sum().cast(pl.Int64).alias("h2d"),
         (_is_h2d() & (pl.col("src_kind") == "Pageable")).sum().cast(pl.Int64).alias("h2d_pageable"),
         pl.col("bytes").filter(_is_h2d()).sum().cast(pl.Int64).alias("h2d_bytes"),
