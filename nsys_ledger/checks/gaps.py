@@ -116,10 +116,10 @@ def timeline_segments(
 def _group_segments(group: pl.DataFrame, overhead: pl.DataFrame, key: list[str]) -> pl.DataFrame:
     """Segments of one key's timeline (see timeline_segments)."""
     key_values = group.select(pl.col(k).first() for k in key).row(0)
-    # `_t2` = 2 t for starts, 2 t + 1 for ends: at equal times starts come first, so
-    # back-to-back activities leave no zero-length hole
     # one lazy query, so that the intermediate event tables are freed as soon as they are read
     group = group.lazy()
+    # `_t2` = 2 t for starts, 2 t + 1 for ends: at equal times starts come first, so
+    # back-to-back activities leave no zero-length hole
     starts = group.select(
         (pl.col("start") * 2).alias("_t2"), pl.lit(1, pl.Int32).alias("_all"), "_compute",
         pl.lit(0, pl.Int32).alias("_overhead"), "row",

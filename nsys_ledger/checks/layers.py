@@ -155,18 +155,18 @@ def layer_figures(kernels: pl.DataFrame | pl.LazyFrame) -> tuple[pl.DataFrame, p
     layered = in_layers.select(*key, *order, item.alias("_item"), group.alias("group"),
                                group.to_physical().alias("_group")).collect()
     # one pass for both: each layer's sequence hash and its count of every group (by code)
-    names = layered.group_by("_group").agg(pl.col("group").first().cast(pl.Utf8))
+    group_names = layered.group_by("_group").agg(pl.col("group").first().cast(pl.Utf8))
+    codes = group_names["_group"].to_list()
     per_layer = group_agg(
         layered, key,
         pl.col("_item").sort_by(order, nulls_last=True).alias("_items"),
-        *[(pl.col("_group") == code).sum().alias(f"_count{code}") for code in names["_group"]],
+        *[(pl.col("_group") == code).sum().alias(f"_count{code}") for code in codes],
     ).with_columns(pl.col("_items").hash().alias("sequence_id"))
     del layered
     counts = (
-        per_layer.unpivot(index=key, on=[f"_count{code}" for code in names["_group"]], variable_name="_code",
-                          value_name="count")
+        per_layer.unpivot(index=key, on=[f"_count{code}" for code in codes], variable_name="_code", value_name="count")
         .filter(pl.col("count") > 0)
-        .join(names.select(pl.format("_count{}", "_group").alias("_code"), "group"), on="_code", how="left")
+        .join(group_names.select(pl.format("_count{}", "_group").alias("_code"), "group"), on="_code", how="left")
         .select(*key, "group", pl.col("count").cast(pl.Int64))
         .sort(*key, "group")
     )
