@@ -41,6 +41,10 @@ FAULTED = {
     ],
     "glm5-graph-layer41.sqlite": [("layer_uniform", "layer 41: attention 15 launches per layer, expected 14")],
     "glm5-graph-extra-gaps.sqlite": [("gaps", "idle gaps above 2 us: 3 per step")],
+    "glm5-graph-boundary-gap.sqlite": [
+        ("graph_break", "graph break: the decode graph ran as 2 replays per step, expected 1"),
+        ("gaps", "idle gaps above 2 us: 1 per step"),
+    ],
 }
 
 

@@ -43,6 +43,11 @@ FAULT_REASONS = {
         "layer 41 attention: 14 -> 15 (new launches per step)",
         "newly failing check layers.uniform",
     ],
+    "glm5-graph-boundary-gap.sqlite": [
+        "graph launches per step: 1 -> 2 (more graph launches)",
+        "new idle-gap cause 'graph_boundary'",
+        "newly failing check gaps.threshold_us",
+    ],
     "glm5-graph-pageable-h2d.sqlite": [
         "pageable H2D copies per step: 0 -> 1 (more pageable H2D copies)",
         "new idle-gap cause 'h2d'",

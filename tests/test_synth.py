@@ -502,7 +502,12 @@ def test_unknown_fault_rejected(tmp_path):
         generate(tmp_path / "x.sqlite", faults=("nope",))
     assert set(FAULTS) == {"broken_fusion", "chunked_indexer", "extra_gaps", "extra_h2d",
                            "split_graph", "layer_fault", "pageable_h2d", "extra_gaps_host",
-                           "extra_gaps_sync", "extra_gaps_collective"}
+                           "extra_gaps_sync", "extra_gaps_collective", "extra_gaps_graph"}
+
+
+def test_graph_boundary_fault_needs_graph_mode(tmp_path):
+    with pytest.raises(ValueError, match="extra_gaps_graph needs mode='graph'"):
+        generate(tmp_path / "x.sqlite", mode="eager", faults=("extra_gaps_graph",))
 
 
 @pytest.mark.skipif(not (SAMPLES / "manifest.json").exists(), reason="samples not generated")

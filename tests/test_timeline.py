@@ -50,7 +50,9 @@ def checks_of(result) -> list[str]:
 # ---------------------------------------------------------------------------------------------
 # Gaps and their cause
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", ["glm5-graph-caused-gaps.sqlite", "glm5-graph-extra-gaps.sqlite"])
+@pytest.mark.parametrize(
+    "name", ["glm5-graph-caused-gaps.sqlite", "glm5-graph-extra-gaps.sqlite", "glm5-graph-boundary-gap.sqlite"]
+)
 def test_every_injected_gap_is_found_with_its_step_and_cause(checked, name):
     result = checked(name)
     truth = MANIFEST[name]["injected_gaps"]
@@ -78,6 +80,21 @@ def test_injected_gap_causes_cover_sync_collective_and_host(checked):
     copies = result.gaps.filter(pl.col("cause") == "h2d")
     assert copies["step"].to_list() == [1, 1, 2, 2, 3, 3]
     assert set(copies["before"]) == set(copies["after"]) == {"memcpy HtoD"}
+
+
+def test_late_second_replay_is_a_graph_boundary_gap(checked):
+    result = checked("glm5-graph-boundary-gap.sqlite")
+    gaps = result.gaps
+    assert gaps.select("step", "cause", "before_op", "before_layer", "after_op", "after_layer").rows() == [
+        (step, "graph_boundary", "moe_sum", 38, "fused_add_rmsnorm", 39) for step in range(4)
+    ]
+    # the generator delays the second replay by 5 us after a 0.5-1 us node gap
+    assert all(5_000 < d < 6_100 for d in gaps["duration"].to_list())
+    # the time budget counts it among the other gaps (not host, not collective)
+    assert result.step_table["other_gap_ns"].to_list() == gaps["duration"].to_list()
+    assert result.step_table["host_ns"].to_list() == [0] * 4
+    assert checks_of(result) == ["graph_break", "gaps"]
+    assert "by cause: graph_boundary 4" in result.findings[1].message
 
 
 def test_device_side_delays_have_no_visible_cause(checked):

@@ -57,7 +57,7 @@ from nsys_ledger.synth.writer import SqliteTraceWriter
 
 FAULTS = ("broken_fusion", "chunked_indexer", "extra_gaps", "extra_h2d", "split_graph",
           "layer_fault", "pageable_h2d", "extra_gaps_host", "extra_gaps_sync",
-          "extra_gaps_collective")
+          "extra_gaps_collective", "extra_gaps_graph")
 
 # "extra_gaps": (layer, op, extra idle ns) injected before that kernel in every decode step.
 # o_proj is on the main stream after the attention join, when the alt stream is idle, so the
@@ -77,6 +77,11 @@ HOST_GAP_NS = 12_000
 # "extra_gaps_sync": after issuing the step's H2D copies the host calls cudaStreamSynchronize
 #   (reading a value back, as `.item()` does), works this long, then launches the graph.
 SYNC_GAP_HOST_NS = 4_000
+# "extra_gaps_graph": the decode graph is split in two (as "split_graph", but with no copy
+#   between the replays) and the second replay starts this late on the device although its
+#   launch returned long before: the device's latency between two graph launches.
+GRAPH_GAP_NS = 5_000
+SPLIT_FAULTS = frozenset({"split_graph", "extra_gaps_graph"})  # faults that capture two graphs
 GAP_THRESHOLD_NS = 2_000
 
 VM_BITS = 1 << 48  # <HW:8=0><VM:8=1> as in the real exports
@@ -469,6 +474,9 @@ def _gap_sites(sched: S.Schedule, faults: frozenset[str]) -> dict[int, tuple[int
     if "extra_gaps_sync" in faults:  # the host-side wait delays the first kernel of the pass
         first = sched.kernels[0]
         out[0] = (first.layer, first.op, 0, "sync")
+    if "extra_gaps_graph" in faults:  # before the first node of the second replay
+        at = sched.split_index()
+        out[at] = (sched.kernels[at].layer, sched.kernels[at].op, GRAPH_GAP_NS, "graph_boundary")
     return out
 
 
@@ -685,7 +693,7 @@ def _rank_program(rs: _Rank) -> Iterator:
         _device_sync(rs)
         yield _Flush("warmup")
         rs.new_pass("capture")
-        if "split_graph" in cfg.faults:
+        if SPLIT_FAULTS & cfg.faults:
             si = rs.decode_graph.split_index()
             parts = [(0, si), (si, len(rs.decode_graph.kernels))]
         else:
@@ -718,7 +726,7 @@ def _rank_program(rs: _Rank) -> Iterator:
             yield from _eager_forward(rs, rs.prefill, nvtx=cfg.layerwise_nvtx)
         elif graph_mode:
             for gi, g in enumerate(graphs):
-                if gi > 0:  # split graph: a small H2D copy sits between the two replays
+                if gi > 0 and "split_graph" in cfg.faults:  # a small H2D copy between the replays
                     yield from _h2d(rs, CopyTruth("split_metadata", cfg.batch * 4, False))
                 yield from _graph_replay(rs, g, gaps, step)
         else:
@@ -953,8 +961,9 @@ def generate(out_path: str | Path, *, mode: str = "graph", steps: int = 8, ranks
         raise ValueError(f"unknown faults {bad}; known: {FAULTS}")
     if cuda_graph_trace not in ("node", "graph"):
         raise ValueError("cuda_graph_trace must be 'node' or 'graph'")
-    if mode == "eager" and "split_graph" in faults:
-        raise ValueError("split_graph needs mode='graph'")
+    split = SPLIT_FAULTS & set(faults)
+    if mode == "eager" and split:
+        raise ValueError(f"{min(split)} needs mode='graph'")
     if mode == "eager" and "extra_gaps_collective" in faults:
         # eager launches are late anyway: the gap before the collective would be the host's
         raise ValueError("extra_gaps_collective needs mode='graph'")
@@ -1018,7 +1027,7 @@ def generate(out_path: str | Path, *, mode: str = "graph", steps: int = 8, ranks
         kernels_per_step=len(sched.kernels) + 1, graph_kernels_per_step=n_graph,
         step_kernel_counts=names, step_short_counts=dict(shorts),
         step_group_counts=sched.counts_by_group(),
-        graph_launches_per_step=(2 if "split_graph" in faults else 1) if mode == "graph" else 0,
+        graph_launches_per_step=(2 if SPLIT_FAULTS & set(faults) else 1) if mode == "graph" else 0,
         h2d_per_step=len(copies), pageable_h2d_per_step=sum(c.pageable for c in copies),
         copies_per_step=copies,
         launch_calls_per_step=1 if mode == "graph" else len(sched.kernels) + 1,

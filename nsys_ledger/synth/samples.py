@@ -35,6 +35,9 @@ SAMPLES: dict[str, dict] = {
     # a late sampling launch (the host falls behind, so the next step's copies are host bound)
     "glm5-graph-caused-gaps.sqlite": {"faults": ("extra_gaps_sync", "extra_gaps_collective",
                                                  "extra_gaps_host")},
+    # a split decode graph whose second replay starts 5 us late on the device, long after its
+    # launch returned: a gap at the graph boundary (no copy between the replays this time)
+    "glm5-graph-boundary-gap.sqlite": {"faults": ("extra_gaps_graph",)},
     # two processes in one file: 3 steps keep it under the size budget
     "glm5-graph-2ranks-slow-rank1.sqlite": {"ranks": 2, "slow_rank": 1, "slow_factor": 1.2,
                                             "steps": 3},
