@@ -125,21 +125,24 @@ def run():
     print("RESULT", result.totals.kernels, result.step_table.height, result.verdict)
 """
 
-# Layer attribution alone (NVTX projection, capture-time origins, inference where needed, the
-# per-layer counts and ledger): the trace is read and its steps found before the clock starts.
-LAYERS = """
-import polars as pl
+# The trace read and its decode steps found, before the clock starts (the stage cases below).
+STEPS_SETUP = """
 import nsys_ledger
 from nsys_ledger.attribution.activities import gpu_activities, with_launch_calls
-from nsys_ledger.attribution.layers import attribute_layers
 from nsys_ledger.attribution.ops import with_ops
 from nsys_ledger.attribution.steps import find_steps
-from nsys_ledger.checks.layers import check_layers, summarize_layers
 path, expect = ARGS
 expectations = nsys_ledger.load_expectations(expect)
 trace = nsys_ledger.load_trace(path)
 activities = with_ops(with_launch_calls(gpu_activities(trace), trace.api_calls), expectations)
 steps = find_steps(activities, trace.api_calls, trace.nvtx, expectations.steps)
+"""
+
+# Layer attribution alone (NVTX projection, capture-time origins, inference where needed, the
+# per-layer counts and ledger).
+LAYERS = STEPS_SETUP + """
+from nsys_ledger.attribution.layers import attribute_layers
+from nsys_ledger.checks.layers import check_layers, summarize_layers
 
 def run():
     summary = summarize_layers(attribute_layers(trace, steps.activities, expectations))
@@ -149,19 +152,10 @@ def run():
 """
 
 # All timeline checks alone (device and per-stream gaps with causes, H2D copies, graph replays
-# and breaks, the step budget, rank comparison, their outcomes): read and steps found before.
-TIMELINE = """
-import nsys_ledger
-from nsys_ledger.attribution.activities import gpu_activities, with_launch_calls
-from nsys_ledger.attribution.ops import with_ops
-from nsys_ledger.attribution.steps import find_steps
+# and breaks, the step budget, rank comparison, their outcomes).
+TIMELINE = STEPS_SETUP + """
 from nsys_ledger.checks.stats import step_table
 from nsys_ledger.checks.timeline import add_timeline_columns, build_timeline, rank_comparison, timeline_outcomes
-path, expect = ARGS
-expectations = nsys_ledger.load_expectations(expect)
-trace = nsys_ledger.load_trace(path)
-activities = with_ops(with_launch_calls(gpu_activities(trace), trace.api_calls), expectations)
-steps = find_steps(activities, trace.api_calls, trace.nvtx, expectations.steps)
 
 def run():
     timeline = build_timeline(steps, trace, expectations.gap_threshold_ns, per_stream=True)
