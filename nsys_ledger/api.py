@@ -104,6 +104,18 @@ class Result:
     def exit_code(self) -> int:
         return 1 if self.verdict == "fail" else 0
 
+    @property
+    def verdict_sentence(self) -> str:
+        """What the verdict rests on, for every report: "all 18 checks passed on 4 decode steps",
+        "2 finding(s) in 18 checks on 4 decode steps", or for a summary "no expectations given;
+        4 decode steps counted"."""
+        checks, steps = len(self.outcomes), self.step_table.height
+        if self.verdict == "summary":
+            return f"no expectations given; {steps} decode steps counted"
+        if self.verdict == "pass":
+            return f"all {checks} checks passed on {steps} decode steps"
+        return f"{len(self.findings)} finding(s) in {checks} checks on {steps} decode steps"
+
 
 def check(
     trace: str | Path | Trace,

@@ -60,12 +60,7 @@ def render_html(result: Result) -> str:
 
 def verdict_line(result: Result) -> str:
     """The verdict in one line, e.g. "FAIL: 2 finding(s) in 18 checks on 4 decode steps"."""
-    checks, steps = len(result.outcomes), result.step_table.height
-    if result.verdict == "summary":
-        return f"SUMMARY: no expectations given; {steps} decode steps counted"
-    if result.verdict == "pass":
-        return f"PASS: all {checks} checks passed on {steps} decode steps"
-    return f"FAIL: {len(result.findings)} finding(s) in {checks} checks on {steps} decode steps"
+    return f"{result.verdict.upper()}: {result.verdict_sentence}"
 
 
 def _banner(result: Result) -> str:

@@ -39,13 +39,11 @@ def write_markdown(result: Result, path: str | Path) -> None:
     Path(path).write_text(render_markdown(result), encoding="utf-8")
 
 
+_VERDICT_ICONS = {"summary": "ℹ️", "pass": "✅", "fail": "❌"}
+
+
 def _heading(result: Result) -> str:
-    checks, steps = len(result.outcomes), result.step_table.height
-    if result.verdict == "summary":
-        return f"### ℹ️ nsys-ledger SUMMARY: no expectations given, {steps} decode steps counted"
-    if result.verdict == "pass":
-        return f"### ✅ nsys-ledger PASS: all {checks} checks passed on {steps} decode steps"
-    return f"### ❌ nsys-ledger FAIL: {len(result.findings)} finding(s) in {checks} checks on {steps} decode steps"
+    return f"### {_VERDICT_ICONS[result.verdict]} nsys-ledger {result.verdict.upper()}: {result.verdict_sentence}"
 
 
 def _facts_line(result: Result) -> str:

@@ -179,16 +179,12 @@ def _top_kernels(result: Result, limit: int = 10) -> list[str]:
 
 
 def _verdict(result: Result) -> list[str]:
-    checks = len(result.outcomes)
-    steps = result.step_table.height
     if result.verdict == "summary":
         return [click.style("SUMMARY", bold=True) + " no expectations given (--expect FILE checks a ledger)"]
     if result.verdict == "pass":
-        return [click.style("PASS", fg="green", bold=True) + f" all {checks} checks passed on {steps} decode steps"]
-    findings = result.findings
-    lines = [click.style("FAIL", fg="red", bold=True) + f" {len(findings)} finding(s) in {checks} checks on "
-             f"{steps} decode steps"]
-    for finding in findings:
+        return [click.style("PASS", fg="green", bold=True) + f" {result.verdict_sentence}"]
+    lines = [click.style("FAIL", fg="red", bold=True) + f" {result.verdict_sentence}"]
+    for finding in result.findings:
         lines.append(f"  - [{printable(finding.source)}] {printable(finding.message)}")
         if finding.hint:
             lines.append(f"    hint: {printable(finding.hint)}")
