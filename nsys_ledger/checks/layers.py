@@ -394,15 +394,21 @@ def _count_word(n: int) -> str:
 # ---- findings -----------------------------------------------------------------------------
 
 
-def _range_findings(failing: pl.DataFrame, expected: Range, sequences: _Sequences, n_steps: int) -> list[Finding]:
-    if failing.height == 0:
-        return []
-    described = sequences.of(failing)
+def _described(rows: pl.DataFrame, sequences: _Sequences, expected: Range | None) -> pl.DataFrame:
+    """`rows` (layers of one step and group) with their kernel sequence and its `description`
+    against the peers (and `expected`, for a range finding)."""
+    described = sequences.of(rows)
     descriptions = [
         sequences.describe(seq, class_set, group, expected)
         for seq, class_set, group in described.select("sequence", "class_set", "group").iter_rows()
     ]
-    described = described.with_columns(pl.Series("description", descriptions, dtype=pl.Utf8))
+    return described.with_columns(pl.Series("description", descriptions, dtype=pl.Utf8))
+
+
+def _range_findings(failing: pl.DataFrame, expected: Range, sequences: _Sequences, n_steps: int) -> list[Finding]:
+    if failing.height == 0:
+        return []
+    described = _described(failing, sequences, expected)
     findings = []
     groups = described.group_by("source", "group", "count", "description", maintain_order=True)
     for (source, group, count, description), rows in sorted(groups, key=lambda g: (g[1]["layer"].min(), g[0][2])):
@@ -449,12 +455,7 @@ def _uniform_deviations(table: pl.DataFrame, range_failing: pl.DataFrame) -> pl.
 def _uniform_findings(deviating: pl.DataFrame, sequences: _Sequences, n_steps: int) -> list[Finding]:
     if deviating.height == 0:
         return []
-    described = sequences.of(deviating)
-    descriptions = [
-        sequences.describe(seq, class_set, group, None)
-        for seq, class_set, group in described.select("sequence", "class_set", "group").iter_rows()
-    ]
-    described = described.with_columns(pl.Series("description", descriptions, dtype=pl.Utf8))
+    described = _described(deviating, sequences, None)
     findings = []
     keys = ("group", "class_set", "count", "modal", "description")
     for (group, class_set, count, modal, description), rows in sorted(
