@@ -63,7 +63,7 @@ def build_timeline(steps: Steps, trace: Trace, threshold_ns: int, *, per_stream:
     spans = step_spans(decode)
     collectives = collective_names(activities)
     segments = timeline_segments(activities, overhead, DEVICE_KEY, collectives)
-    gaps = find_gaps(activities, spans, overhead, syncs, threshold_ns, segments=segments)
+    gaps = find_gaps(activities, spans, overhead, syncs, threshold_ns, segments=segments, collectives=collectives)
     stream_gaps = (
         find_gaps(activities, spans, overhead, syncs, threshold_ns, per_stream=True, collectives=collectives)
         if per_stream else None
