@@ -13,11 +13,12 @@ from collections.abc import Sequence
 
 import polars as pl
 
+Frame = pl.DataFrame | pl.LazyFrame
 _PACKED = "__packed_key"
 _PACKED_BITS = 62  # leaves the sign bit and one spare
 
 
-def group_agg(frame: pl.DataFrame | pl.LazyFrame, keys: Sequence[str], *aggs: pl.Expr) -> pl.DataFrame:
+def group_agg(frame: Frame, keys: Sequence[str], *aggs: pl.Expr) -> pl.DataFrame:
     """`frame.group_by(keys).agg(*aggs)`: the key columns first, groups in no set order.
 
     `frame` may be lazy (a filter of a bigger frame): only the columns the keys and
@@ -35,27 +36,52 @@ def group_agg(frame: pl.DataFrame | pl.LazyFrame, keys: Sequence[str], *aggs: pl
     )
 
 
-def packed_key(frame: pl.DataFrame | pl.LazyFrame, keys: Sequence[str]) -> pl.Expr | None:
+def packed_key(frames: Frame | Sequence[Frame], keys: Sequence[str]) -> pl.Expr | None:
     """One Int64 expression equal for two rows exactly when all `keys` are, or None when a
-    key is not an integer, holds nulls, or the keys' ranges need more than 62 bits."""
-    lazy = frame.lazy()
-    schema = lazy.collect_schema()
-    if len(keys) < 2 or not all(schema[k].is_integer() for k in keys):
+    key is not an integer, holds nulls, or the keys' ranges need more than 62 bits.
+
+    Given several frames (the two sides of a join), the packing covers the values of all of
+    them, so the same expression keys each side."""
+    frames = [frames] if isinstance(frames, (pl.DataFrame, pl.LazyFrame)) else list(frames)
+    if len(keys) < 2:
         return None
-    bounds = lazy.select(
-        *[pl.col(k).min().cast(pl.Int64, strict=False).alias(f"{k}\x00min") for k in keys],
-        *[pl.col(k).max().cast(pl.Int64, strict=False).alias(f"{k}\x00max") for k in keys],
-        *[pl.col(k).null_count().alias(f"{k}\x00nulls") for k in keys],
-    ).collect().row(0, named=True)
+    lows, highs = dict.fromkeys(keys), dict.fromkeys(keys)
+    for frame in frames:
+        bounds = _key_bounds(frame.lazy(), keys)
+        if bounds is None:
+            return None
+        for k, (low, high) in bounds.items():
+            if low is None:  # no rows: no values to cover
+                continue
+            lows[k] = low if lows[k] is None else min(lows[k], low)
+            highs[k] = high if highs[k] is None else max(highs[k], high)
     packed: pl.Expr | None = None
     shift = 0
     for k in reversed(keys):
-        low, high = bounds[f"{k}\x00min"], bounds[f"{k}\x00max"]
-        if bounds[f"{k}\x00nulls"] or low is None or high is None:
-            return None
+        low, high = lows[k] or 0, highs[k] or 0
         term = (pl.col(k).cast(pl.Int64) - low) * (1 << shift)
         shift += max(int(high - low).bit_length(), 1)
         if shift > _PACKED_BITS:
             return None
         packed = term if packed is None else packed + term
     return packed
+
+
+def _key_bounds(lazy: pl.LazyFrame, keys: Sequence[str]) -> dict[str, tuple[int | None, int | None]] | None:
+    """`key -> (min, max)`, or None when a key is not an integer or holds a null."""
+    schema = lazy.collect_schema()
+    if not all(schema[k].is_integer() for k in keys):
+        return None
+    bounds = lazy.select(
+        *[pl.col(k).min().cast(pl.Int64, strict=False).alias(f"{k}\x00min") for k in keys],
+        *[pl.col(k).max().cast(pl.Int64, strict=False).alias(f"{k}\x00max") for k in keys],
+        *[pl.col(k).null_count().alias(f"{k}\x00nulls") for k in keys],
+        pl.len().alias("\x00rows"),
+    ).collect().row(0, named=True)
+    found = {}
+    for k in keys:
+        low, high = bounds[f"{k}\x00min"], bounds[f"{k}\x00max"]
+        if bounds[f"{k}\x00nulls"] or (bounds["\x00rows"] and (low is None or high is None)):
+            return None  # a null, or a value outside Int64
+        found[k] = (low, high)
+    return found

@@ -55,3 +55,16 @@ def test_negative_keys_are_packed_from_their_minimum() -> None:
     frame = pl.DataFrame({"a": [-5, -5, 3], "b": [-1, 0, -1]})
     got = group_agg(frame, ["a", "b"], pl.len().alias("n"))
     assert _sorted(got).rows() == [(-5, -1, 1), (-5, 0, 1), (3, -1, 1)]
+
+
+def test_one_packing_keys_both_sides_of_a_join() -> None:
+    left = pl.DataFrame({"pid": [7, 7, 9], "correlation": [1, 2, 2]})
+    right = pl.DataFrame({"pid": [9, 7, 12], "correlation": [2, 500, 1]})  # wider ranges than the left
+    key = packed_key([left, right], ["pid", "correlation"])
+    assert key is not None
+    joined = left.with_columns(key.alias("k")).join(right.with_columns(key.alias("k")), on="k", how="inner")
+    assert joined.select("pid", "correlation").rows() == [(9, 2)]
+    # a null on either side: no packing (the pair join leaves nulls unmatched)
+    assert packed_key([left, right.with_columns(pl.lit(None, pl.Int64).alias("pid"))], ["pid", "correlation"]) is None
+    # an empty side covers no values
+    assert packed_key([left, right.clear()], ["pid", "correlation"]) is not None
