@@ -85,11 +85,11 @@ queries = []
 def record(self, sql, schema):
     queries.append((sql, dict(schema)))
     return pl.DataFrame(schema=schema)
-real_frame, real_run = arrow_fetch.ArrowSource.frame, sqlite_reader._Reader._run
+real_frame, real_run = arrow_fetch.ArrowSource.frame, sqlite_reader._SqliteTables._run
 arrow_fetch.ArrowSource.frame = record
-sqlite_reader._Reader._run = lambda self, sql, schema: []
+sqlite_reader._SqliteTables._run = lambda self, sql, schema: []
 sqlite_reader.load_sqlite(path)
-arrow_fetch.ArrowSource.frame, sqlite_reader._Reader._run = real_frame, real_run
+arrow_fetch.ArrowSource.frame, sqlite_reader._SqliteTables._run = real_frame, real_run
 uri = f"file:{quote(path)}?mode=ro"
 
 def run():

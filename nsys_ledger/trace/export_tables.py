@@ -1,0 +1,595 @@
+"""Which tables and columns of an Nsight Systems export make a `Trace`, and how they become one.
+
+Every export format nsys writes holds the same tables with the same columns: the SQLite
+database (`sqlite_reader.py`) and the `--type parquetdir` / `arrowdir` directories
+(`columnar_reader.py`, one file per table). This module is the part they share: which table
+and which of its columns (under every name that column had from nsys 2021 to 2026) feed each
+frame of the Trace, how StringIds are resolved (a join, never a Python lookup per row), how
+enum ids become labels, process and thread ids are unpacked, API calls classified, NVTX
+domains named, and which rows are damage. A format only has to answer a `TableSource`:
+which tables exist, their columns, and "these columns of this table, as these types".
+
+Anything wrong with the input is raised as `TraceError(path, problem)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+import polars as pl
+
+from nsys_ledger.errors import TraceError
+from nsys_ledger.trace.model import FRAME_SCHEMAS, Trace, TraceMeta, empty_frame
+
+__all__ = ["ExportReader", "RowFilter", "TableSource", "TRACE_TABLES"]
+
+I64 = pl.Int64
+TESTED_SCHEMA_MAJOR = 3
+
+I64 = pl.Int64
+STR = pl.Utf8
+_PID_SHIFT = 1 << 24
+_LOW24 = 0xFFFFFF
+_TID_CLEAR = ~0xFFFFFF  # keeps the HW, VM and PID bits of a globalTid
+
+# Enum labels carried in code: exports before 2023.1 have no ENUM_* tables, and the labels
+# of those that do are long ("Host-to-Device"), while the Trace uses the short form.
+MEMCPY_KINDS = {
+    0: "Unknown", 1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD",
+    7: "DtoA", 8: "DtoD", 9: "HtoH", 10: "PtoP", 11: "UVM HtoD", 12: "UVM DtoH",
+    13: "UVM DtoD",
+}
+MEM_KINDS = {
+    0: "Pageable", 1: "Pinned", 2: "Device", 3: "Array", 4: "Managed", 5: "Device Static",
+    6: "Managed Static", 7: "Unknown",
+}
+# ENUM_CUPTI_SYNC_TYPE in real exports labels 2 "Stream wait sync"; the Trace uses CUPTI's
+# name for it, "Stream wait event".
+SYNC_TYPES = {
+    0: "Unknown", 1: "Event sync", 2: "Stream wait event", 3: "Stream sync", 4: "Context sync",
+}
+
+# API classification, applied to names whose `_vNNNNN` suffix is already stripped. The
+# first match wins, in this order.
+_API_KIND_PATTERNS: tuple[tuple[str, str], ...] = (
+    ("kernel_launch",
+     r"^(?:cudaLaunchKernel|cudaLaunchCooperativeKernel|cuLaunchKernel|cuLaunchCooperativeKernel"
+     r"|cuLaunchGrid)|^(?:cudaLaunch|cuLaunch)(?:_pt[sd]z)?$"),
+    ("graph_launch", r"^(?:cudaGraphLaunch|cuGraphLaunch)"),
+    ("memcpy", r"^(?:cudaMemcpy|cuMemcpy)"),
+    ("memset", r"^(?:cudaMemset|cuMemset)"),
+    ("sync", r"^cu\w*Synchronize|^(?:cudaStreamWaitEvent|cuStreamWaitEvent)"),
+    ("graph_capture",
+     r"^(?:cudaStreamBeginCapture|cudaStreamEndCapture|cudaGraphInstantiate"
+     r"|cuStreamBeginCapture|cuStreamEndCapture|cuGraphInstantiate)"),
+)
+_VERSION_SUFFIX = r"_v\d+$"
+
+_KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
+
+
+# Every table the reader may open: what `nsys export --tables` is asked for.
+TRACE_TABLES: tuple[str, ...] = (
+    "StringIds", "META_DATA_EXPORT", "EXPORT_META_DATA", "META_DATA_CAPTURE",
+    _KERNEL_TABLE, "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET",
+    "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", "CUPTI_ACTIVITY_KIND_GRAPH_TRACE",
+    "CUPTI_ACTIVITY_KIND_RUNTIME", "NVTX_EVENTS", "CUDA_GRAPH_NODE_EVENTS", "CUDA_GRAPH_EVENTS",
+    "PROFILER_OVERHEAD", "TARGET_INFO_GPU", "TARGET_INFO_CUDA_GPU",
+)
+
+
+@dataclass(frozen=True)
+class RowFilter:
+    """Keep the rows whose `column` is one of `values` (rendered as SQL or a polars filter)."""
+
+    column: str
+    values: tuple[int, ...]
+
+
+class TableSource(Protocol):
+    """One export as tables. `fetch` gets the real column names (None: not in this table,
+    give a column of NULLs) and returns a frame of exactly `schema`, or raises TraceError."""
+
+    tables: set[str]
+    warnings: list[str]  # problems met while reading (shared with the reader, in order)
+
+    def columns(self, table: str) -> list[str]: ...
+
+    def fetch(
+        self,
+        table: str,
+        columns: Mapping[str, str | None],
+        schema: Mapping[str, pl.DataType],
+        keep: RowFilter | None = None,
+    ) -> pl.DataFrame: ...
+
+    def name_value(self, table: str) -> dict[str, str]:
+        """The (name, value) rows of a metadata table, both as text."""
+        ...
+
+    def missing_table_hint(self, table: str) -> str:
+        """What a missing table means in this format ("" when the problem says it all)."""
+        ...
+
+
+def _pid(col: str) -> pl.Expr:
+    """`(globalTid >> 24) & 0xFFFFFF`; floor division is an arithmetic shift."""
+    return (pl.col(col) // _PID_SHIFT) & _LOW24
+
+
+def _tid(col: str) -> pl.Expr:
+    return pl.col(col) & _LOW24
+
+
+def _label(col: str, labels: Mapping[int, str]) -> pl.Expr:
+    """Enum id -> label; an id the table does not know becomes "kind <id>"."""
+    return pl.col(col).replace_strict(
+        labels, default=pl.format("kind {}", pl.col(col)), return_dtype=STR
+    )
+
+
+class ExportReader:
+    """Builds the Trace from a TableSource; `shown` is the path named in errors."""
+
+    def __init__(self, source: TableSource, shown: str):
+        self.source = source
+        self.shown = shown
+        self.tables = source.tables
+        self.warnings = source.warnings
+        self._strings: pl.DataFrame | None = None
+
+    # -- schema discovery -------------------------------------------------------------
+
+    def has(self, table: str) -> bool:
+        return table in self.tables
+
+    def columns(self, table: str) -> list[str]:
+        return self.source.columns(table)
+
+    def pick(self, table: str, *candidates: str) -> str | None:
+        """The first of `candidates` that `table` has, or None."""
+        cols = self.columns(table)
+        for c in candidates:
+            if c in cols:
+                return c
+        return None
+
+    # -- fetching ---------------------------------------------------------------------
+
+    def fetch(
+        self,
+        table: str,
+        select: Mapping[str, str | tuple[str, ...] | None],
+        schema: Mapping[str, pl.DataType],
+        keep: RowFilter | None = None,
+    ) -> pl.DataFrame:
+        """One read of `table`. `select` maps output name -> column (or candidates, the
+        first present wins); a column the table lacks comes back as NULLs."""
+        columns = {}
+        for out, src in select.items():
+            cands = (src,) if isinstance(src, str) else (src or ())
+            columns[out] = self.pick(table, *cands)
+        if keep is not None and keep.column not in self.columns(table):
+            keep = None
+        return self.source.fetch(table, columns, dict(schema), keep)
+
+    def strings(self) -> pl.DataFrame:
+        """StringIds as a frame (id, value), read once."""
+        if self._strings is None:
+            schema = {"id": I64, "value": STR}
+            if self.has("StringIds"):
+                self._strings = self.fetch("StringIds", {"id": "id", "value": "value"}, schema)
+            else:
+                self._strings = pl.DataFrame(schema=schema)
+        return self._strings
+
+    def resolve(self, df: pl.DataFrame, id_col: str, out: str) -> pl.DataFrame:
+        """Add `out` = StringIds.value for the id in `id_col` (left join, order kept)."""
+        s = self.strings().rename({"id": id_col, "value": out})
+        return df.join(s, on=id_col, how="left", maintain_order="left")
+
+    # -- the whole trace --------------------------------------------------------------
+
+    def read(self) -> Trace:
+        has_cupti = any(t.startswith("CUPTI_ACTIVITY_KIND_") for t in self.tables)
+        if not self.has("StringIds") and not has_cupti:
+            raise TraceError(self.shown, "not an Nsight Systems export (no StringIds table)")
+        if not self.has(_KERNEL_TABLE):
+            raise TraceError(
+                self.shown,
+                "no CUDA kernels: was the capture made with -t cuda?"
+                + self.source.missing_table_hint(_KERNEL_TABLE),
+            )
+        if not self.has("StringIds"):
+            self.warnings.append("no StringIds table: names are unavailable")
+
+        nsys_version, schema_version, source = self.versions()
+        kernels = self.kernels()
+        memcpys = self.memcpys()
+        memsets = self.memsets()
+        graph_replays = self.graph_replays()
+        frames = {
+            "kernels": kernels,
+            "api_calls": self.api_calls(),
+            "memcpys": memcpys,
+            "memsets": memsets,
+            "syncs": self.syncs(),
+            "nvtx": self.nvtx(),
+            "graph_nodes": self.graph_nodes(),
+            "graph_replays": graph_replays,
+            "devices": self.devices(kernels, memcpys, memsets),
+            "profiler_overhead": self.profiler_overhead(),
+        }
+        for kind, df in frames.items():
+            frames[kind] = df.select(list(FRAME_SCHEMAS[kind]))
+        meta = TraceMeta(
+            nsys_version=nsys_version,
+            schema_version=schema_version,
+            version_source=source,
+            cuda_graph_trace=self.graph_trace_mode(kernels, memcpys, memsets, graph_replays),
+            warnings=tuple(self.warnings),
+        )
+        return Trace(path=self.shown, meta=meta, **frames)
+
+    # -- metadata ---------------------------------------------------------------------
+
+    def _name_value(self, table: str) -> dict[str, str]:
+        if not self.has(table):
+            return {}
+        cols = self.columns(table)
+        if "name" not in cols or "value" not in cols:
+            return {}
+        return self.source.name_value(table)
+
+    def versions(self) -> tuple[str | None, str | None, str]:
+        for table in ("META_DATA_EXPORT", "EXPORT_META_DATA"):
+            kv = self._name_value(table)
+            product = kv.get("EXPORT_PRODUCT_VERSION") or None
+            schema = kv.get("EXPORT_SCHEMA_VERSION") or None
+            if product is None and schema is None:
+                continue
+            major_text = kv.get("EXPORT_SCHEMA_VERSION_MAJOR") or (schema or "").split(".")[0]
+            try:
+                major = int(major_text)
+            except ValueError:
+                major = None
+            if major is not None and major > TESTED_SCHEMA_MAJOR:
+                self.warnings.append(
+                    f"schema version {schema or major} is newer than tested; continuing"
+                )
+            return product, schema, table
+        return None, None, "none"
+
+    def graph_trace_mode(
+        self,
+        kernels: pl.DataFrame,
+        memcpys: pl.DataFrame,
+        memsets: pl.DataFrame,
+        graph_replays: pl.DataFrame,
+    ) -> str | None:
+        modes = {
+            v.strip().lower()
+            for k, v in self._name_value("META_DATA_CAPTURE").items()
+            if k.endswith("CUDA_GRAPH_TRACE_OPTIONS:MODE")
+        } & {"graph", "node"}
+        if len(modes) == 1:
+            return modes.pop()
+        if len(modes) > 1:
+            self.warnings.append(
+                "processes were captured with different --cuda-graph-trace modes; "
+                "treating the trace as node mode"
+            )
+            return "node"
+        if graph_replays.height:
+            return "graph"
+        if any(df["graph_node_id"].is_not_null().any() for df in (kernels, memcpys, memsets)):
+            return "node"
+        return None
+
+    # -- GPU activity -----------------------------------------------------------------
+
+    def check_activity_rows(self, df: pl.DataFrame, table: str, what: str) -> None:
+        """GPU rows without a valid interval, a device or a process cannot be placed on any
+        timeline: nsys never writes them (its schema declares start, end and deviceId NOT
+        NULL, and every export sets globalPid), so they mean a damaged or hand-edited file."""
+        bad_times = df.filter(
+            pl.col("start").is_null() | pl.col("end").is_null() | (pl.col("end") < pl.col("start"))
+        ).height
+        if bad_times:
+            raise TraceError(
+                self.shown,
+                f"{bad_times} of {df.height} {what} rows have a NULL or inverted start/end "
+                f"timestamp ({table})",
+            )
+        for column, source in (("device", "deviceId"), ("global_pid", "globalPid")):
+            if df.height and source not in self.columns(table):
+                # every nsys release writes both columns: their absence is a damaged schema
+                raise TraceError(self.shown, f"the {table} table has no {source} column; the export is damaged")
+            missing = df[column].null_count()
+            if missing:
+                raise TraceError(
+                    self.shown,
+                    f"{missing} of {df.height} {what} rows have no {source} ({table}); "
+                    "the export is damaged",
+                )
+
+    def kernels(self) -> pl.DataFrame:
+        t = _KERNEL_TABLE
+        raw = self.fetch(
+            t,
+            {
+                "start": "start", "end": "end", "device": "deviceId", "stream": "streamId",
+                "global_pid": "globalPid", "correlation": "correlationId",
+                "demangled_id": "demangledName", "short_id": "shortName",
+                "graph_node_id": "graphNodeId", "graph_id": "graphId",
+            },
+            {
+                "start": I64, "end": I64, "device": I64, "stream": I64, "global_pid": I64,
+                "correlation": I64, "demangled_id": I64, "short_id": I64,
+                "graph_node_id": I64, "graph_id": I64,
+            },
+        )
+        self.check_activity_rows(raw, t, "kernel")
+        if raw.height == 0:
+            self.warnings.append("the kernel table is empty")
+        df = self.resolve(raw, "demangled_id", "_demangled")
+        df = self.resolve(df, "short_id", "short_name")
+        df = df.with_columns(
+            pl.coalesce("_demangled", "short_name").alias("name"),
+            _pid("global_pid").alias("pid"),
+        )
+        unresolved = df["name"].null_count()
+        if unresolved:
+            self.warnings.append(f"{unresolved} kernel rows have no name in StringIds")
+        return df
+
+    def memcpys(self) -> pl.DataFrame:
+        t = "CUPTI_ACTIVITY_KIND_MEMCPY"
+        if not self.has(t):
+            return empty_frame("memcpys")
+        df = self.fetch(
+            t,
+            {
+                "start": "start", "end": "end", "device": "deviceId", "stream": "streamId",
+                "global_pid": "globalPid", "correlation": "correlationId", "bytes": "bytes",
+                "_copy": "copyKind", "_src": "srcKind", "_dst": "dstKind",
+                "graph_node_id": "graphNodeId",
+            },
+            {
+                "start": I64, "end": I64, "device": I64, "stream": I64, "global_pid": I64,
+                "correlation": I64, "bytes": I64, "_copy": I64, "_src": I64, "_dst": I64,
+                "graph_node_id": I64,
+            },
+        )
+        self.check_activity_rows(df, t, "memcpy")
+        return df.with_columns(
+            _pid("global_pid").alias("pid"),
+            _label("_copy", MEMCPY_KINDS).alias("copy_kind"),
+            _label("_src", MEM_KINDS).alias("src_kind"),
+            _label("_dst", MEM_KINDS).alias("dst_kind"),
+        )
+
+    def memsets(self) -> pl.DataFrame:
+        t = "CUPTI_ACTIVITY_KIND_MEMSET"
+        if not self.has(t):
+            return empty_frame("memsets")
+        df = self.fetch(
+            t,
+            {
+                "start": "start", "end": "end", "device": "deviceId", "stream": "streamId",
+                "global_pid": "globalPid", "correlation": "correlationId", "bytes": "bytes",
+                "_mem": "memKind", "graph_node_id": "graphNodeId",
+            },
+            {
+                "start": I64, "end": I64, "device": I64, "stream": I64, "global_pid": I64,
+                "correlation": I64, "bytes": I64, "_mem": I64, "graph_node_id": I64,
+            },
+        )
+        self.check_activity_rows(df, t, "memset")
+        return df.with_columns(
+            _pid("global_pid").alias("pid"), _label("_mem", MEM_KINDS).alias("mem_kind")
+        )
+
+    def syncs(self) -> pl.DataFrame:
+        t = "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION"
+        if not self.has(t):
+            return empty_frame("syncs")
+        df = self.fetch(
+            t,
+            {
+                "start": "start", "end": "end", "device": "deviceId", "stream": "streamId",
+                "global_pid": "globalPid", "correlation": "correlationId",
+                "_type": "syncType", "_old_type": "deprecatedSyncType",
+            },
+            {
+                "start": I64, "end": I64, "device": I64, "stream": I64, "global_pid": I64,
+                "correlation": I64, "_type": I64, "_old_type": I64,
+            },
+        )
+        # 2025.5+ keeps a `deprecatedSyncType` column next to `syncType`; use whichever is set.
+        return df.with_columns(
+            pl.coalesce("_type", "_old_type").alias("_type")
+        ).with_columns(
+            _pid("global_pid").alias("pid"), _label("_type", SYNC_TYPES).alias("sync_type")
+        )
+
+    def graph_replays(self) -> pl.DataFrame:
+        t = "CUPTI_ACTIVITY_KIND_GRAPH_TRACE"
+        if not self.has(t):
+            return empty_frame("graph_replays")
+        df = self.fetch(
+            t,
+            {
+                "start": "start", "end": "end", "device": "deviceId", "stream": "streamId",
+                "global_pid": "globalPid", "correlation": "correlationId",
+                "graph_id": "graphId", "graph_exec_id": "graphExecId",
+            },
+            {
+                "start": I64, "end": I64, "device": I64, "stream": I64, "global_pid": I64,
+                "correlation": I64, "graph_id": I64, "graph_exec_id": I64,
+            },
+        )
+        return df.with_columns(_pid("global_pid").alias("pid"))
+
+    # -- CPU side ---------------------------------------------------------------------
+
+    def api_calls(self) -> pl.DataFrame:
+        t = "CUPTI_ACTIVITY_KIND_RUNTIME"
+        if not self.has(t):
+            return empty_frame("api_calls")
+        # eventClass 67 rows are CUDA backtrace duplicates of real calls (2022 exports).
+        keep = RowFilter("eventClass", (0, 1))
+        df = self.fetch(
+            t,
+            {
+                "start": "start", "end": "end", "global_tid": "globalTid",
+                "correlation": "correlationId", "_name_id": "nameId",
+                "event_class": "eventClass",
+            },
+            {
+                "start": I64, "end": I64, "global_tid": I64, "correlation": I64,
+                "_name_id": I64, "event_class": I64,
+            },
+            keep=keep,
+        )
+        # Classify the distinct names only, then join the result back.
+        names = self.resolve(
+            df.select(pl.col("_name_id").unique()).drop_nulls(), "_name_id", "_raw"
+        )
+        name = pl.col("_raw").str.replace(_VERSION_SUFFIX, "")
+        kind = pl.when(pl.lit(False)).then(pl.lit(None, dtype=STR))
+        for label, pattern in _API_KIND_PATTERNS:
+            kind = kind.when(pl.col("name").str.contains(pattern)).then(pl.lit(label))
+        names = names.with_columns(name.alias("name")).with_columns(
+            kind.otherwise(pl.lit("other")).alias("kind")
+        ).select("_name_id", "name", "kind")
+        df = df.join(names, on="_name_id", how="left", maintain_order="left")
+        return df.with_columns(
+            pl.col("kind").fill_null("other"),
+            _pid("global_tid").alias("pid"),
+            _tid("global_tid").alias("tid"),
+        )
+
+    def nvtx(self) -> pl.DataFrame:
+        t = "NVTX_EVENTS"
+        if not self.has(t):
+            return empty_frame("nvtx")
+        raw = self.fetch(
+            t,
+            {
+                "start": "start", "end": "end", "global_tid": "globalTid",
+                "end_global_tid": "endGlobalTid", "event_type": "eventType",
+                "_text_id": "textId", "_text": "text", "_domain_id": "domainId",
+            },
+            {
+                "start": I64, "end": I64, "global_tid": I64, "end_global_tid": I64,
+                "event_type": I64, "_text_id": I64, "_text": STR, "_domain_id": I64,
+            },
+            keep=RowFilter("eventType", (59, 60, 75)),
+        )
+        raw = self.resolve(raw, "_text_id", "_registered").with_columns(
+            pl.coalesce("_registered", "_text").alias("name"),
+            (pl.col("global_tid") & _TID_CLEAR).alias("_proc"),
+        )
+        # Domain names: eventType 75 rows, keyed by domainId and the process bits.
+        domains = (
+            raw.filter(pl.col("event_type") == 75)
+            .select("_domain_id", "_proc", pl.col("name").alias("_domain_name"))
+            .unique(subset=["_domain_id", "_proc"], keep="first", maintain_order=True)
+        )
+        ranges = raw.filter(pl.col("event_type").is_in([59, 60])).join(
+            domains, on=["_domain_id", "_proc"], how="left", maintain_order="left"
+        )
+        named_domain = pl.col("_domain_id").is_not_null() & (pl.col("_domain_id") != 0)
+        return ranges.with_columns(
+            pl.when(named_domain)
+            .then(pl.coalesce("_domain_name", pl.format("domain {}", pl.col("_domain_id"))))
+            .otherwise(pl.lit(None, dtype=STR))
+            .alias("domain"),
+            _pid("global_tid").alias("pid"),
+            _tid("global_tid").alias("tid"),
+        )
+
+    def graph_nodes(self) -> pl.DataFrame:
+        # The node table is CUDA_GRAPH_NODE_EVENTS from 2024; in nsys <= 2023.3 it was
+        # CUDA_GRAPH_EVENTS, which now holds graph-level events. Tell them apart by columns.
+        frames = []
+        for t in ("CUDA_GRAPH_NODE_EVENTS", "CUDA_GRAPH_EVENTS"):
+            if not self.has(t) or "graphNodeId" not in self.columns(t):
+                continue
+            df = self.fetch(
+                t,
+                {
+                    "start": "start", "end": "end", "global_tid": "globalTid",
+                    "event_class": "eventClass", "_name_id": "nameId",
+                    "graph_node_id": "graphNodeId",
+                    "original_graph_node_id": "originalGraphNodeId",
+                },
+                {
+                    "start": I64, "end": I64, "global_tid": I64, "event_class": I64,
+                    "_name_id": I64, "graph_node_id": I64, "original_graph_node_id": I64,
+                },
+            )
+            frames.append(self.resolve(df, "_name_id", "name"))
+        if not frames:
+            return empty_frame("graph_nodes")
+        df = frames[0] if len(frames) == 1 else pl.concat(frames)
+        return df.with_columns(
+            _pid("global_tid").alias("pid"), _tid("global_tid").alias("tid")
+        )
+
+    def profiler_overhead(self) -> pl.DataFrame:
+        t = "PROFILER_OVERHEAD"
+        if not self.has(t):
+            return empty_frame("profiler_overhead")
+        df = self.fetch(
+            t,
+            {"start": "start", "end": "end", "global_tid": "globalTid"},
+            {"start": I64, "end": I64, "global_tid": I64},
+        )
+        return df.with_columns(_pid("global_tid").alias("pid"))
+
+    # -- devices ----------------------------------------------------------------------
+
+    def devices(
+        self, kernels: pl.DataFrame, memcpys: pl.DataFrame, memsets: pl.DataFrame
+    ) -> pl.DataFrame:
+        schema = {"device": I64, "name": STR, "sm_count": I64, "total_memory": I64,
+                  "_major": I64, "_minor": I64}
+        df = pl.DataFrame(schema=schema)
+        # TARGET_INFO_GPU from 2021.4; TARGET_INFO_CUDA_GPU before, with other column names.
+        for t in ("TARGET_INFO_GPU", "TARGET_INFO_CUDA_GPU"):
+            if not self.has(t):
+                continue
+            key = self.pick(t, "id", "deviceId", "cudaId")
+            if key is None:
+                continue
+            df = self.fetch(
+                t,
+                {
+                    "device": key, "name": "name",
+                    "sm_count": ("smCount", "numMultiprocessors"),
+                    "total_memory": ("totalMemory", "globalMemorySize"),
+                    "_major": ("computeMajor", "computeCapabilityMajor"),
+                    "_minor": ("computeMinor", "computeCapabilityMinor"),
+                },
+                schema,
+            )
+            break
+        df = df.unique(subset=["device"], keep="first", maintain_order=True)
+        # Devices that ran work but are not described (pruned or absent TARGET_INFO_GPU).
+        used = pl.concat(
+            [f.select("device") for f in (kernels, memcpys, memsets)]
+        ).drop_nulls().unique()
+        missing = used.join(df.select("device"), on="device", how="anti")
+        if missing.height:
+            df = pl.concat([df, missing], how="diagonal")
+        cc = pl.when(pl.col("_major").is_not_null() & pl.col("_minor").is_not_null()).then(
+            pl.format("{}.{}", pl.col("_major"), pl.col("_minor"))
+        )
+        return df.with_columns(
+            cc.otherwise(pl.lit(None, dtype=STR)).alias("compute_capability")
+        ).sort("device")
+
