@@ -92,8 +92,14 @@ def main() -> None:
               help="Write a short Markdown summary (CI step summary, PR comment) to this file.")
 @click.option("-j", "--jobs", type=click.IntRange(1), default=None,
               help="Processes for several trace files (default: one per file, at most one per core).")
+@click.option("--dask", "dask_address", metavar="ADDRESS",
+              help="Check several trace files on a Dask cluster: the scheduler's address "
+                   "(tcp://host:8786), or `local` for a LocalCluster on this machine "
+                   "(needs `pip install nsys-ledger[dask]`).")
+@click.option("--no-cache", is_flag=True,
+              help="Export an .nsys-rep afresh instead of reusing the export kept beside it.")
 def check(traces, expect, step_nvtx, step_method, gap_us, batch, per_stream_gaps, json_path, html_path, junit_path,
-          markdown_path, jobs) -> None:
+          markdown_path, jobs, dask_address, no_cache) -> None:
     """Count the kernels of every decode step in TRACE and compare them with the ledger.
 
     \b
@@ -121,9 +127,9 @@ def check(traces, expect, step_nvtx, step_method, gap_us, batch, per_stream_gaps
                                     ("junit", write_junit, junit_path), ("markdown", write_markdown, markdown_path))
         if path
     ]
-    result = check_many(traces, expect, workers=jobs, keep_events=bool(html_path),
+    result = check_many(traces, expect, workers=jobs, keep_events=bool(html_path), dask=dask_address,
                         step_nvtx=step_nvtx, step_method=step_method, gap_us=gap_us, batch=batch,
-                        per_stream_gaps=per_stream_gaps)
+                        per_stream_gaps=per_stream_gaps, cache=not no_cache)
     click.echo(render(result))
     for label, writer, target in outputs:
         _write_output(writer, result, target, label)
@@ -203,6 +209,41 @@ def expectations_show(file) -> None:
     from nsys_ledger.ledger import load_expectations, render_expectations
 
     click.echo(render_expectations(load_expectations(file)))
+
+
+@expectations.command("match")
+@click.argument("file", type=click.Path(path_type=str))
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per name, for scripts.")
+def expectations_match(file, as_json) -> None:
+    """Classify kernel names read from stdin (one per line) with the ledger of FILE.
+
+    Prints, for each name, the op, its group and what matched (the pattern or the GEMM shape),
+    or `no op`. Paste the names of `nsys stats --report cuda_gpu_kern_sum` to see how a
+    ledger reads your build:
+
+        nsys-ledger expectations match expectations/glm-5.3-tp8-ep8.toml < names.txt
+    """
+    import json
+
+    from nsys_ledger.attribution.ops import OpClassifier
+    from nsys_ledger.ledger import load_expectations
+
+    classifier = OpClassifier(load_expectations(file))
+    for line in sys.stdin:
+        name = line.rstrip("\r\n")
+        if not name.strip():
+            continue
+        match = classifier.classify(name)
+        if as_json:
+            click.echo(json.dumps({
+                "name": name, "op": match.op if match.matched_by != "none" else None, "group": match.group,
+                "matched_by": match.matched_by, "detail": match.detail, "fallback": match.fallback,
+            }))
+        elif match.matched_by == "none":
+            click.echo(f"no op\t-\t-\t{printable(name)}")
+        else:
+            how = f"{match.matched_by}: {match.detail}" + (" (generic fallback)" if match.fallback else "")
+            click.echo(f"{match.op}\t{match.group or '-'}\t{how}\t{printable(name)}")
 
 
 @main.command()

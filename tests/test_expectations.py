@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from nsys_ledger.attribution.ops import BY_NOTHING, OpClassifier
+
 from nsys_ledger.errors import ExpectationsError
 from nsys_ledger.ledger import (
     Expectations,
@@ -223,7 +225,8 @@ KERNELS = [
 
 
 def classify(exp: Expectations, name: str) -> str | None:
-    return next((op for op, rx in exp.op_regexes() if rx.search(name)), None)
+    match = OpClassifier(exp).classify(name)
+    return match.op if match.matched_by != BY_NOTHING else None
 
 
 @pytest.mark.parametrize(("name", "op"), KERNELS, ids=[f"{i}-{op}" for i, (_, op) in enumerate(KERNELS)])
@@ -517,7 +520,11 @@ def test_directory_and_binary(tmp_path):
         ('[model]\nname = "x"\n', ["ops", "missing required table"]),
         (BASE.replace('name = "test"', "name = 5"), ["model.name", "wrong type", "string", "integer"]),
         (BASE + "[ops.x]\npatterns = 5\n", ["ops.x.patterns", "wrong type"]),
-        (BASE + "[ops.x]\ngroup = \"a\"\n", ["ops.x.patterns", "missing required key"]),
+        (BASE + "[ops.x]\ngroup = \"a\"\n", ["ops.x.patterns", "no patterns and no gemm shape"]),
+        (BASE + "[ops.x]\ngemm = { n = 1 }\n", ["ops.x.gemm", "give both n and k"]),
+        (BASE + "[ops.x]\ngemm = { n = 1, k = 2, kind = \"sparse\" }\n", ["ops.x.gemm.kind", "unknown GEMM kind"]),
+        (BASE + "[ops.x]\ngemm = { kind = \"any\" }\n", ["ops.x.gemm", "match every GEMM"]),
+        (BASE + "[ops.x]\ngemm = []\n", ["ops.x.gemm", "empty gemm array"]),
         (BASE + "[ops.x]\npatterns = [\"RMS(Norm\"]\n", ["ops.x.patterns", "op 'x'", "RMS(Norm", "invalid regex", "line 17"]),
         (BASE + "[ops.x]\npatterns = [\"(?<!Fused)RMSNorm\"]\n", ["ops.x.patterns", "look-around"]),
         (BASE + "[ops.x]\npatterns = [\"(?i)rms\"]\n", ["ops.x.patterns", "(?i:"]),

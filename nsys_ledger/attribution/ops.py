@@ -1,34 +1,100 @@
-"""Canonical op of every kernel, from the expectations' op regexes.
+"""Canonical op of every kernel, from the expectations' op patterns and GEMM shapes.
 
-A trace has millions of kernel rows but only hundreds or thousands of distinct names, so the
-regexes run once per distinct name and the result is joined back.
+A trace has millions of kernel rows but only hundreds or thousands of distinct names, so each
+distinct name is classified once (`classify_name`) and the result is joined back.
 """
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
+
 import polars as pl
 
-from nsys_ledger.ledger.model import Expectations
+from nsys_ledger.attribution.kernel_names import GemmSignature, gemm_signature
+from nsys_ledger.ledger.model import Expectations, GemmShape, OpDef
 
 UNMATCHED_OP = "other"
 
+# How an op claimed a name (the `matched_by` column, and `expectations match`).
+BY_PATTERN = "pattern"
+BY_GEMM = "gemm"
+BY_NOTHING = "none"
+
+OP_TABLE_SCHEMA = {
+    "name": pl.Utf8,
+    "op": pl.Utf8,
+    "group": pl.Utf8,
+    "matched_by": pl.Utf8,  # BY_PATTERN, BY_GEMM or BY_NOTHING
+    "fallback": pl.Boolean,  # the op is a generic catch-all (OpDef.fallback)
+}
+
+
+@dataclass(frozen=True)
+class OpMatch:
+    """Which op a kernel name belongs to and why."""
+
+    op: str  # UNMATCHED_OP when no op claims the name
+    group: str | None
+    matched_by: str  # BY_PATTERN, BY_GEMM or BY_NOTHING
+    detail: str  # the pattern or the GEMM shape that matched; "" for no op
+    fallback: bool
+
+
+def gemm_matches(shape: GemmShape, signature: GemmSignature) -> bool:
+    """A declared GEMM shape against what the name states. A name without a GemmType (a fused
+    or router GEMM) is judged by its shape alone."""
+    if signature.kind is not None and not _kind_matches(shape.kind, signature.kind):
+        return False
+    if shape.n is None:
+        return signature.kind is not None or shape.kind == "any"
+    return signature.has_shape(shape.n, shape.k)
+
+
+def _kind_matches(declared: str, stated: str) -> bool:
+    if declared == "any":
+        return True
+    if declared == "grouped":
+        return stated in ("masked", "contiguous")
+    return declared == stated
+
+
+class OpClassifier:
+    """The ledger's ops in match order, compiled once."""
+
+    def __init__(self, expectations: Expectations | None):
+        self._ops: list[tuple[OpDef, list[re.Pattern[str]]]] = []
+        if expectations is not None:
+            self._ops = [(op, [re.compile(p) for p in op.patterns]) for op in expectations.ops.values()]
+
+    def classify(self, kernel_name: str) -> OpMatch:
+        """The first declared op whose pattern or GEMM shape matches (declaration order)."""
+        signature = gemm_signature(kernel_name) if any(op.gemm for op, _ in self._ops) else None
+        for op, patterns in self._ops:
+            if signature is not None:
+                shape = next((s for s in op.gemm if gemm_matches(s, signature)), None)
+                if shape is not None:
+                    return OpMatch(op.name, op.group, BY_GEMM, shape.describe(), op.fallback)
+            pattern = next((rx for rx in patterns if rx.search(kernel_name)), None)
+            if pattern is not None:
+                return OpMatch(op.name, op.group, BY_PATTERN, pattern.pattern, op.fallback)
+        return OpMatch(UNMATCHED_OP, None, BY_NOTHING, "", False)
+
 
 def op_table(names: pl.Series, expectations: Expectations | None) -> pl.DataFrame:
-    """`name -> op, group` for each distinct name; first declared op that matches wins."""
+    """`name -> op, group, matched_by, fallback` for each distinct name."""
     distinct = names.unique().drop_nulls().to_list()
-    compiled = expectations.op_regexes() if expectations else []
-    groups = {name: op.group for name, op in expectations.ops.items()} if expectations else {}
-    ops: list[str] = []
-    for kernel_name in distinct:
-        op = next((op_name for op_name, rx in compiled if rx.search(kernel_name)), UNMATCHED_OP)
-        ops.append(op)
+    classifier = OpClassifier(expectations)
+    matches = [classifier.classify(kernel_name) for kernel_name in distinct]
     return pl.DataFrame(
         {
             "name": distinct,
-            "op": ops,
-            "group": [groups.get(op) for op in ops],
+            "op": [m.op for m in matches],
+            "group": [m.group for m in matches],
+            "matched_by": [m.matched_by for m in matches],
+            "fallback": [m.fallback for m in matches],
         },
-        schema={"name": pl.Utf8, "op": pl.Utf8, "group": pl.Utf8},
+        schema=OP_TABLE_SCHEMA,
     )
 
 

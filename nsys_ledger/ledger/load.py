@@ -8,8 +8,13 @@ The layout (every table but ``[model]`` and ``[ops]`` may be left out):
 [steps]    method = "auto" | "nvtx" | "graph" | "marker"
            nvtx = REGEX, marker = REGEX (or marker_op = OP), exclude_nvtx = REGEX,
            exclude_ops = [OP, ...]
-[ops.NAME] patterns = [REGEX, ...], group = "attention", description = "..."
-           (declaration order is match priority: the first op whose pattern matches wins)
+[ops.NAME] patterns = [REGEX, ...], group = "attention", description = "...",
+           gemm = { n = F, k = F, kind = KIND } or [ {...}, ... ], fallback = BOOL
+           (declaration order is match priority: the first op whose pattern or GEMM shape
+           matches wins; `gemm` matches a templated GEMM by N and K among its leading integer
+           arguments and by DeepGEMM's GemmType, in any layout and demangler style; KIND is
+           normal (the default with a shape), masked, contiguous, batched, grouped or any;
+           `fallback = true` marks a generic catch-all, reported apart in the op coverage)
 [anchors.OP]  expected = RANGE, tolerance = N | tolerance_pct = P   (or min = F, max = F)
               hint_low = "...", hint_high = "..."
 [total]    same keys as an anchor: kernels per step
@@ -50,8 +55,10 @@ from typing import Any
 from nsys_ledger.errors import ExpectationsError
 from nsys_ledger.ledger.formula import FormulaError, Number, evaluate, evaluate_params
 from nsys_ledger.ledger.model import (
+    GEMM_KINDS,
     Anchor,
     Expectations,
+    GemmShape,
     H2DRule,
     LayerClass,
     LayerRule,
@@ -377,12 +384,13 @@ class _Loader:
                 raise self.fail(key, f"op name {op!r} must be letters, digits, _ or - (starting with a letter)")
             if not isinstance(spec, dict):
                 raise self.fail(key, f"wrong type: expected a table, got {_type_name(spec)}")
-            self.known(spec, key, ("patterns", "group", "description"))
-            patterns = self.get(spec, "patterns", key, (list, str), required=True)
+            self.known(spec, key, ("patterns", "gemm", "group", "description", "fallback"))
+            patterns = self.get(spec, "patterns", key, (list, str), default=[])
             if isinstance(patterns, str):
                 patterns = [patterns]
-            if not patterns:
-                raise self.fail(f"{key}.patterns", f"op {op!r} has no patterns")
+            gemm = self.gemm_shapes(spec.get("gemm"), f"{key}.gemm")
+            if not patterns and not gemm:
+                raise self.fail(f"{key}.patterns", f"op {op!r} has no patterns and no gemm shape")
             for i, p in enumerate(patterns):
                 if not isinstance(p, str):
                     raise self.fail(
@@ -394,7 +402,8 @@ class _Loader:
             if group is not None and not _NAME.match(group):
                 raise self.fail(f"{key}.group", f"group name {group!r} must be letters, digits, _ or -")
             self.get(spec, "description", key, str)
-            opdef = OpDef(name=op, patterns=tuple(patterns), group=group, source=key)
+            fallback = self.get(spec, "fallback", key, bool, default=False)
+            opdef = OpDef(name=op, patterns=tuple(patterns), group=group, source=key, gemm=gemm, fallback=fallback)
             try:
                 re.compile(opdef.regex)
             except re.error as exc:
@@ -405,6 +414,32 @@ class _Loader:
                 ) from None
             ops[op] = opdef
         return ops
+
+    def gemm_shapes(self, value: Any, key: str) -> tuple[GemmShape, ...]:
+        """`gemm = { n = N, k = K, kind = KIND }` or an array of such tables."""
+        if value is None:
+            return ()
+        items = value if isinstance(value, list) else [value]
+        shapes: list[GemmShape] = []
+        for i, item in enumerate(items):
+            where = f"{key}[{i}]" if isinstance(value, list) else key
+            if not isinstance(item, dict):
+                raise self.fail(where, f"wrong type: expected a table {{ n = N, k = K, kind = KIND }}, got {_type_name(item)}")
+            self.known(item, where, ("n", "k", "kind"))
+            if ("n" in item) != ("k" in item):
+                raise self.fail(where, "give both n and k (or neither, for any shape of the kind)")
+            n = self.whole(item["n"], f"{where}.n", low=1) if "n" in item else None
+            k = self.whole(item["k"], f"{where}.k", low=1) if "k" in item else None
+            default_kind = "normal" if n is not None else "any"
+            kind = self.get(item, "kind", where, str, default=default_kind)
+            if kind not in GEMM_KINDS:
+                raise self.fail(f"{where}.kind", f"unknown GEMM kind {kind!r} (known: {', '.join(GEMM_KINDS)})")
+            if n is None and kind == "any":
+                raise self.fail(where, "a gemm with neither a shape nor a kind would match every GEMM")
+            shapes.append(GemmShape(n=n, k=k, kind=kind))
+        if not shapes:
+            raise self.fail(key, "an empty gemm array matches nothing")
+        return tuple(shapes)
 
     def load_anchors(self, ops: dict[str, OpDef]) -> tuple[Anchor, ...]:
         table = self.table(self.doc, "anchors", "anchors") or {}
@@ -440,6 +475,8 @@ class _Loader:
                 raise self.fail("steps.marker_op", "give marker or marker_op, not both")
             if marker_op not in ops:
                 raise self.fail("steps.marker_op", f"unknown op {marker_op!r} (ops: {_short(ops)})")
+            if not ops[marker_op].patterns:
+                raise self.fail("steps.marker_op", f"op {marker_op!r} has no patterns to find its kernels by name")
             marker = ops[marker_op].regex
         exclude_nvtx = table.get("exclude_nvtx")
         if exclude_nvtx is not None:
@@ -781,7 +818,10 @@ def render_expectations(exp: Expectations) -> str:
     width = max(len(k) for k in exp.ops)
     for i, op in enumerate(exp.ops.values(), 1):
         group = f"[{op.group}]" if op.group else "[-]"
-        add(f"  {i:>2}. {op.name:<{width}}  {group}")
+        fallback = "  (generic fallback)" if op.fallback else ""
+        add(f"  {i:>2}. {op.name:<{width}}  {group}{fallback}")
+        for shape in op.gemm:
+            add(f"        {shape.describe()}")
         for p in op.patterns:
             add(f"        {p}")
     add("")

@@ -35,14 +35,41 @@ class Range:
         return "any"
 
 
+# GEMM kinds a ledger may declare: DeepGEMM's GemmType values, plus "grouped" (masked or
+# contiguous) and "any".
+GEMM_KINDS = ("normal", "masked", "contiguous", "k_contiguous", "batched", "grouped", "any")
+
+
+@dataclass(frozen=True)
+class GemmShape:
+    """A GEMM told by the shape and kind in its template arguments, not by its spelling.
+
+    `n`, `k` None: any shape of that kind (the routed MoE GEMMs: `kind = "masked"`)."""
+
+    n: int | None
+    k: int | None
+    kind: str  # one of GEMM_KINDS
+
+    def describe(self) -> str:
+        shape = f"N={self.n} K={self.k}" if self.n is not None else "any shape"
+        return f"{self.kind} GEMM {shape}" if self.kind != "any" else f"GEMM {shape}"
+
+
 @dataclass(frozen=True)
 class OpDef:
-    """A canonical op: kernels whose demangled name matches any of `patterns`."""
+    """A canonical op: kernels whose demangled name matches any of `patterns`, or a templated
+    GEMM whose arguments hold one of the `gemm` shapes.
+
+    `fallback`: a generic catch-all (any other DeepGEMM or cuBLAS GEMM); kernels that only a
+    fallback claims are reported apart in the op coverage, since the ledger cannot tell which
+    projection they are."""
 
     name: str
     patterns: tuple[str, ...]
     group: str | None  # ledger group it belongs to (attention, indexer, moe, ...), if declared
     source: str
+    gemm: tuple[GemmShape, ...] = ()
+    fallback: bool = False
 
     @property
     def regex(self) -> str:
@@ -138,5 +165,6 @@ class Expectations:
     layer_rule: LayerRule = field(default_factory=LayerRule)  # the rest of [layers]
     rank_imbalance_pct: float | None = None  # [ranks] max_imbalance_pct; None: not checked
 
-    def op_regexes(self) -> list[tuple[str, re.Pattern[str]]]:
-        return [(name, re.compile(op.regex)) for name, op in self.ops.items()]
+    def op_regexes(self) -> list[tuple[str, re.Pattern[str] | None]]:
+        """(op, compiled patterns) in match order; None for an op declared by GEMM shape only."""
+        return [(name, re.compile(op.regex) if op.patterns else None) for name, op in self.ops.items()]
