@@ -18,7 +18,9 @@ The layout (every table but ``[model]`` and ``[ops]`` may be left out):
 [anchors.OP]  expected = RANGE, tolerance = N | tolerance_pct = P   (or min = F, max = F)
               hint_low = "...", hint_high = "..."
 [total]    same keys as an anchor: kernels per step
-[gaps]     threshold_us = 2
+[gaps]     threshold_us = 2, step_entry_per_launch = N, step_entry_max_us = F
+           (a graph-mode step may start with N idle gaps per graph launch, each at most F µs:
+           the GPU waits for the host's cudaGraphLaunch; gaps inside the replay stay findings)
 [h2d]      per_step = RANGE, max_bytes = N, pageable_allowed = false
 [graphs]   launches_per_step = RANGE
 [ranks]    max_imbalance_pct = P   (busy time of the slowest rank over the least busy one)
@@ -64,6 +66,7 @@ from nsys_ledger.ledger.model import (
     LayerRule,
     OpDef,
     Range,
+    StepEntryGaps,
     StepRule,
 )
 
@@ -324,6 +327,7 @@ class _Loader:
 
         steps = self.load_steps(ops)
         gap_ns = self.load_gaps()
+        step_entry_gaps = self.load_step_entry_gaps()
         h2d = self.load_h2d()
         graphs = self.load_graphs()
         rank_imbalance_pct = self.load_ranks()
@@ -358,6 +362,7 @@ class _Loader:
             layer_opening_op=opening_op,
             layer_rule=layer_rule,
             rank_imbalance_pct=rank_imbalance_pct,
+            step_entry_gaps=step_entry_gaps,
         )
 
     def load_params(self) -> None:
@@ -497,13 +502,28 @@ class _Loader:
         table = self.table(self.doc, "gaps", "gaps")
         if table is None:
             return int(DEFAULT_GAP_US * 1000)
-        self.known(table, "gaps", ("threshold_us",))
+        self.known(table, "gaps", ("threshold_us", "step_entry_per_launch", "step_entry_max_us"))
         if "threshold_us" not in table:
             raise self.fail("gaps.threshold_us", "missing required key 'threshold_us' in [gaps]")
         us = self.number(table["threshold_us"], "gaps.threshold_us")
         if us <= 0:
             raise self.fail("gaps.threshold_us", f"must be positive, got {us:g}")
         return int(round(us * 1000))
+
+    def load_step_entry_gaps(self) -> StepEntryGaps | None:
+        table = self.table(self.doc, "gaps", "gaps") or {}
+        if "step_entry_per_launch" not in table:
+            if "step_entry_max_us" in table:
+                raise self.fail("gaps.step_entry_max_us", "give step_entry_per_launch with it")
+            return None
+        per_launch = self.whole(table["step_entry_per_launch"], "gaps.step_entry_per_launch")
+        max_ns = None
+        if "step_entry_max_us" in table:
+            max_us = self.number(table["step_entry_max_us"], "gaps.step_entry_max_us")
+            if max_us <= 0:
+                raise self.fail("gaps.step_entry_max_us", f"must be positive, got {max_us:g}")
+            max_ns = int(round(max_us * 1000))
+        return StepEntryGaps(per_launch=per_launch, max_ns=max_ns)
 
     def load_h2d(self) -> H2DRule:
         table = self.table(self.doc, "h2d", "h2d")
@@ -858,6 +878,10 @@ def render_expectations(exp: Expectations) -> str:
     if s.exclude_ops:
         add(f"  exclude steps with ops: {', '.join(s.exclude_ops)}")
     add(f"Gaps: flag idle gaps above {exp.gap_threshold_ns / 1000:g} µs between adjacent kernels")
+    if exp.step_entry_gaps is not None:
+        entry = exp.step_entry_gaps
+        longest = f", each at most {entry.max_ns / 1000:g} µs" if entry.max_ns is not None else ""
+        add(f"  allowed: {entry.per_launch} step-entry gap(s) per graph launch (cause launch){longest}")
 
     h = exp.h2d
     h2d = [f"{h.per_step.describe()} per step"]

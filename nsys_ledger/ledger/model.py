@@ -110,6 +110,19 @@ class H2DRule:
 
 
 @dataclass(frozen=True)
+class StepEntryGaps:
+    """The idle time a graph-mode step may start with, per graph launch ([gaps] step_entry_*).
+
+    The GPU finishes the step's small pinned H2D copies in a few µs and then waits for the host
+    to return from `cudaGraphLaunch` of a ~2000-node graph: one gap per launch, several µs, that
+    is the price of the launch and not a fault inside the replay."""
+
+    per_launch: int  # gaps allowed per graph launch of the step
+    max_ns: int | None  # longest such gap; None: any length
+    source: str = "gaps"
+
+
+@dataclass(frozen=True)
 class LayerClass:
     """A class of layers (dense, moe, full indexer) and the groups it launches."""
 
@@ -164,6 +177,7 @@ class Expectations:
     layer_opening_op: str | None = None  # the op that starts every layer (layer inference)
     layer_rule: LayerRule = field(default_factory=LayerRule)  # the rest of [layers]
     rank_imbalance_pct: float | None = None  # [ranks] max_imbalance_pct; None: not checked
+    step_entry_gaps: StepEntryGaps | None = None  # [gaps] step_entry_per_launch; None: none allowed
 
     def op_regexes(self) -> list[tuple[str, re.Pattern[str] | None]]:
         """(op, compiled patterns) in match order; None for an op declared by GEMM shape only."""
