@@ -126,18 +126,20 @@ def check(
     gap_us: float | None = None,
     batch: int | None = None,
     per_stream_gaps: bool = False,
+    cache: bool = True,
 ) -> Result:
     """Load the trace (and expectations), find decode steps, count, and compare.
 
     `batch` (default: the expectations' `batch` parameter) gives kernels per output token;
-    `per_stream_gaps` also finds the idle gaps of every stream on its own.
+    `per_stream_gaps` also finds the idle gaps of every stream on its own; `cache=False`
+    exports an `.nsys-rep` afresh instead of reusing the export kept beside it.
     """
     # The small expectations file first: a typo in it is reported before a big trace is read.
     if expectations is not None and not isinstance(expectations, Expectations):
         expectations = load_expectations(expectations)
     if not isinstance(trace, Trace):
         with stage(f"reading {Path(trace).name}"):
-            trace = load_trace(trace)
+            trace = load_trace(trace, cache=cache)
     threshold_ns = _gap_threshold_ns(expectations, gap_us)
 
     with stage(f"attributing {trace.kernels.height:,} kernels to steps"):

@@ -6,8 +6,10 @@ violated, 2 usage or input error (one line on stderr naming the file and the pro
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import click
@@ -35,6 +37,18 @@ def _writable(path: str) -> Path:
     if not target.parent.is_dir():
         raise InputError(path, f"cannot write output: {target.parent} is not a directory")
     if not os.access(target.parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise InputError(path, "cannot write output: permission denied")
+    return target
+
+
+def _empty_directory(path: str) -> Path:
+    """Fail early when OUT cannot become a directory of table files (exists and is not empty)."""
+    target = Path(path)
+    if target.exists() and not (target.is_dir() and not any(target.iterdir())):
+        raise InputError(path, "cannot write output: exists and is not an empty directory")
+    if not target.parent.is_dir():
+        raise InputError(path, f"cannot write output: directory {target.parent} does not exist")
+    if not os.access(target.parent, os.W_OK):
         raise InputError(path, "cannot write output: permission denied")
     return target
 
@@ -265,9 +279,12 @@ def expectations_match(file, as_json) -> None:
                    "replays the --batch one).")
 @click.option("--clone-links", type=click.IntRange(1), default=1, show_default=True,
               help="Graph mode: clone links from each exec graph node back to its capture node.")
+@click.option("--format", "out_format", type=click.Choice(["sqlite", "parquetdir", "arrowdir"]), default="sqlite",
+              show_default=True, help="sqlite: one file; parquetdir / arrowdir: a directory with one file per "
+                                      "table, as `nsys export --type parquetdir` / `arrowdir` writes.")
 def synth(out, mode, steps, ranks, batch, seed, faults, step_nvtx, nsys_version, layerwise_nvtx, capture_batches,
-          clone_links) -> None:
-    """Write a synthetic nsys SQLite export of GLM-5.3 decode to OUT."""
+          clone_links, out_format) -> None:
+    """Write a synthetic nsys export of GLM-5.3 decode to OUT (SQLite, or a Parquet/Arrow directory)."""
     from nsys_ledger.synth import FAULTS, generate
     from nsys_ledger.synth.schema_eras import era_for_version
 
@@ -278,10 +295,22 @@ def synth(out, mode, steps, ranks, batch, seed, faults, step_nvtx, nsys_version,
         era_for_version(nsys_version)
     except ValueError as error:
         raise click.BadParameter(str(error), param_hint="--nsys-version") from None
-    _writable(out)
-    summary = generate(out, mode=mode, steps=steps, ranks=ranks, batch=batch, seed=seed, faults=tuple(faults),
-                       step_nvtx=step_nvtx, nsys_version=nsys_version, layerwise_nvtx=layerwise_nvtx,
-                       capture_batch_sizes=(batch, *capture_batches), clone_links=clone_links)
+    columnar = out_format != "sqlite"
+    if columnar:
+        _empty_directory(out)
+    else:
+        _writable(out)
+    # A columnar export is the SQLite export converted, table by table (synth/parquet_writer.py).
+    scratch = tempfile.TemporaryDirectory(prefix="nsys-ledger-synth-") if columnar else contextlib.nullcontext()
+    with scratch as tmp:
+        target = os.path.join(tmp, "export.sqlite") if columnar else out
+        summary = generate(target, mode=mode, steps=steps, ranks=ranks, batch=batch, seed=seed, faults=tuple(faults),
+                           step_nvtx=step_nvtx, nsys_version=nsys_version, layerwise_nvtx=layerwise_nvtx,
+                           capture_batch_sizes=(batch, *capture_batches), clone_links=clone_links)
+        if columnar:
+            from nsys_ledger.synth.parquet_writer import write_columnar
+
+            write_columnar(target, out, out_format)
     click.echo(f"wrote {out}: {summary.describe() if hasattr(summary, 'describe') else summary}")
 
 

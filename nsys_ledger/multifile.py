@@ -38,6 +38,7 @@ from nsys_ledger.api import InputFile, Result, Totals, _graph_level_replays, che
 from nsys_ledger.errors import InputError, TraceError
 from nsys_ledger.ledger import Expectations, load_expectations
 from nsys_ledger.progress import PROGRESS_ENV, stage
+from nsys_ledger.trace.columnar_reader import is_table_directory
 from nsys_ledger.trace.model import FRAME_SCHEMAS, Trace, TraceMeta
 
 __all__ = ["check_many", "expand_trace_paths", "stack_results"]
@@ -63,7 +64,7 @@ def expand_trace_paths(paths: Iterable[str | os.PathLike[str]]) -> list[str]:
     files: list[str] = []
     for given in paths:
         text = str(given)
-        if os.path.isdir(text):
+        if os.path.isdir(text) and not is_table_directory(text):  # a parquetdir is one export
             files += _directory_traces(text)
         elif not os.path.exists(text) and _GLOB_CHARACTERS.search(text):
             matches = sorted(glob.glob(text), key=_natural_key)
@@ -128,12 +129,15 @@ def check_many(
     *,
     workers: int | None = None,
     keep_events: bool = False,
+    dask: str | None = None,
     **options: Any,
 ) -> Result:
     """Check every export in `paths` (files, directories, glob patterns) and stack the results.
 
     `options` are `check()`'s (step_nvtx, step_method, gap_us, ...). `workers` defaults to
-    min(files, cores). Raises InputError naming the file for the first bad input."""
+    min(files, cores). `dask`: check the files on the Dask cluster at this scheduler address
+    (or "local" for a LocalCluster) instead of local processes (`dask_cluster.py`).
+    Raises InputError naming the file for the first bad input."""
     path_list = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     files = expand_trace_paths(path_list)
     if expectations is not None and not isinstance(expectations, Expectations):
@@ -143,7 +147,12 @@ def check_many(
     for path in files:  # the cheap mistakes before any process starts
         if not os.path.exists(path):
             raise TraceError(path, "no such file")
-    checked = _check_in_processes(files, expectations, options, workers, keep_events)
+    if dask is not None:
+        from nsys_ledger.dask_cluster import check_on_dask  # Dask is imported only when asked for
+
+        checked = check_on_dask(files, expectations, options, keep_events, dask, workers)
+    else:
+        checked = _check_in_processes(files, expectations, options, workers, keep_events)
     return stack_results([c.result for c in checked], files, graph_level=any(c.graph_level for c in checked))
 
 

@@ -179,7 +179,10 @@ def _catalog(tmp: Path) -> dict[str, Case]:
     )
     failing_bin = tmp / "failing-bin"
     _executable(failing_bin / "nsys", 'echo "ERROR: the report file is damaged" >&2\nexit 3\n')
-    trace_case("nsys-rep-export-fails", report, "nsys export failed (exit 3)",
+    # a report of its own: the converted one above leaves its export cached beside it
+    damaged_report = tmp / "damaged.nsys-rep"
+    damaged_report.write_bytes(report.read_bytes())
+    trace_case("nsys-rep-export-fails", damaged_report, "nsys export failed (exit 3)",
                env={"PATH": str(failing_bin)})
 
     # -- damaged SQLite: an interrupted copy or export
