@@ -31,6 +31,7 @@ from nsys_ledger.frames import group_agg
 from nsys_ledger.ledger import Expectations, StepRule, load_expectations
 from nsys_ledger.progress import stage
 from nsys_ledger.trace import Trace, load_trace
+from nsys_ledger.trace.kineto_reader import KINETO_VERSION_SOURCE
 
 DEFAULT_GAP_THRESHOLD_NS = 2000
 
@@ -42,6 +43,18 @@ DEFAULT_STEP_RULE = StepRule(
     nvtx_regex=None,
     marker_regex=r"SamplingFrom(?:Prob|Logits)Kernel",
     exclude_nvtx_regex=None,
+    exclude_ops=(),
+)
+
+# PyTorch profiler traces of vLLM and SGLang carry one `record_function` range per engine step:
+# `execute_context_{n}({tokens})_generation_{n}({tokens})` (vLLM V1), `execute_{bs}_context_...`
+# (SGLang). A step with prefill requests (context_1+) or without decode requests
+# (generation_0) is not a decode step.
+KINETO_STEP_RULE = StepRule(
+    method="auto",
+    nvtx_regex=r"^execute_(?:\d+_)?context_\d+\(.*\)_generation_\d+\(",
+    marker_regex=DEFAULT_STEP_RULE.marker_regex,
+    exclude_nvtx_regex=r"context_[1-9]\d*\(|_generation_0\(",
     exclude_ops=(),
 )
 
@@ -148,7 +161,7 @@ def check(
             activities,
             trace.api_calls,
             trace.nvtx,
-            expectations.steps if expectations else DEFAULT_STEP_RULE,
+            expectations.steps if expectations else _default_step_rule(trace),
             step_nvtx=step_nvtx,
             method=step_method,
         )
@@ -176,6 +189,12 @@ def check(
         gaps=timeline.gaps, gap_threshold_ns=threshold_ns, outcomes=tuple(outcomes), notices=tuple(notices),
         timeline=timeline, ranks=ranks, batch=batch, layers=layers,
     )
+
+
+def _default_step_rule(trace: Trace) -> StepRule:
+    """Without expectations: the engine-step ranges of a PyTorch profiler trace, else the
+    graph launches and sampling marker of an nsys capture."""
+    return KINETO_STEP_RULE if trace.meta.version_source == KINETO_VERSION_SOURCE else DEFAULT_STEP_RULE
 
 
 def rejudge(result: Result, *, graph_level: bool) -> Result:

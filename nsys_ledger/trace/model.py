@@ -169,6 +169,10 @@ class TraceMeta:
     # inferred: GRAPH_TRACE rows mean "graph", kernels with graphNodeId mean "node".
     cuda_graph_trace: str | None
     warnings: tuple[str, ...] = ()
+    # The process group rank and size a PyTorch profiler trace records (`distributedInfo`);
+    # None for nsys exports, which do not know them.
+    rank: int | None = None
+    world_size: int | None = None
 
 
 @dataclass(frozen=True)
