@@ -7,7 +7,8 @@ add up to the step time:
 * ``small_gap_ns``    N·g: idle intervals up to the gap threshold (``small_gaps`` = N), the
                       node-to-node latency of a graph or the launch latency of eager work
 * ``collective_ns``   C_comm: only collectives run, plus the gaps caused by collectives
-* ``host_ns``         T_host: gaps (above the threshold) caused by the host (``host``, ``sync``)
+* ``host_ns``         T_host: gaps (above the threshold) caused by the host (``host``, ``sync``,
+                      ``launch``: the wait for cudaGraphLaunch at the step entry)
 * ``other_gap_ns``    gaps caused by ``h2d``, ``graph_boundary`` or ``unknown``
 * ``overhead_ns``     profiler overhead (not the program's time)
 
@@ -24,7 +25,7 @@ import polars as pl
 from nsys_ledger.checks.gaps import DEVICE_KEY, GAP_CAUSES
 
 BUDGET_KEY = ["rank", "step", "device"]
-HOST_CAUSES = ("host", "sync")
+HOST_CAUSES = ("host", "sync", "launch")  # the GPU waited for the CPU (a graph launch is host time too)
 COLLECTIVE_CAUSES = ("collective",)
 OTHER_CAUSES = ("h2d", "graph_boundary", "unknown")
 BUDGET_COLUMNS = ["step_ns", "busy_ns", "small_gaps", "small_gap_ns", "collective_ns", "host_ns",

@@ -15,7 +15,7 @@ Segments are given to the decode step whose GPU span (first start to last end of
 activities on that device) holds them, so idle time between steps and around excluded
 windows (prefill, warm-up) is never a gap. An idle segment longer than the threshold is a
 gap; it carries the activity that ended last before it and the one that started after it,
-and a cause, first match wins:
+and a cause, read from who was late (the event that ended the gap); first match wins:
 
 1. ``sync``            a host-blocking synchronize call (cuda*Synchronize, or a CUPTI
                        event/stream/context sync row) of the process returned inside the gap,
@@ -23,14 +23,23 @@ and a cause, first match wins:
                        then launched late. (A sync that merely spans the gap is no cause: an
                        overlapping scheduler always waits for the step the GPU runs, with
                        the next work already queued.)
-2. ``h2d``             a host-to-device copy ends right before or starts right after it
-3. ``host``            the next activity's launching call returned after the device went
-                       idle: the GPU waited for the CPU
-4. ``graph_boundary``  the gap separates two graph replays, or a replay and eager work,
+2. ``h2d``             a host-to-device copy ends the gap, or a pageable one (which blocks
+                       the host until it is staged) opened it
+3. ``launch``          the next activity is the first kernel of a graph replay and its
+                       `cudaGraphLaunch` returned after the device went idle: the GPU waited
+                       for the host to launch the graph (a ~2000-node graph takes several µs),
+                       whatever copy finished before
+4. ``host``            the next activity's (eager) launching call returned after the device
+                       went idle: the GPU waited for the CPU
+5. ``h2d``             a pinned host-to-device copy ended right before it, launches on time
+6. ``graph_boundary``  the gap separates two graph replays, or a replay and eager work,
                        while the host was ahead (graph launch latency on the device)
-5. ``collective``      the next kernel is a collective and its launch was not late: it
+7. ``collective``      the next kernel is a collective and its launch was not late: it
                        waited for something outside this process (its peers)
-6. ``unknown``         nothing in the trace explains it (a device-side delay)
+8. ``unknown``         nothing in the trace explains it (a device-side delay)
+
+A ledger may allow the step entry's `launch` gap ([gaps] step_entry_per_launch): such a gap
+keeps its cause and is listed with `step_entry` set, but is no finding (`mark_step_entry_gaps`).
 """
 
 from __future__ import annotations
@@ -38,13 +47,14 @@ from __future__ import annotations
 import polars as pl
 
 from nsys_ledger.frames import group_agg
+from nsys_ledger.ledger.model import StepEntryGaps
 
 # Kernel names of collectives: NCCL, SGLang's custom all-reduce (one/two shot, the 1/2 stage
 # cross-device reduce, the all-reduce fused with the norm), DeepEP dispatch/combine.
 COLLECTIVE_REGEX = (
     r"(?i)nccl|cross_device_reduce|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|deep_ep::"
 )
-GAP_CAUSES = ("sync", "h2d", "host", "graph_boundary", "collective", "unknown")
+GAP_CAUSES = ("sync", "h2d", "launch", "host", "graph_boundary", "collective", "unknown")
 BLOCKING_SYNC_TYPES = ("Event sync", "Stream sync", "Context sync")
 SEGMENT_KINDS = ("busy", "collective", "overhead", "idle")
 SEGMENT_KIND = pl.Enum(SEGMENT_KINDS)
@@ -53,7 +63,7 @@ DEVICE_KEY = ["pid", "device"]
 STREAM_KEY = ["pid", "device", "stream"]
 
 # Activity attributes a gap reports for its neighbours (before_*, after_*).
-NEIGHBOUR_COLUMNS = ["name", "op", "layer", "activity", "copy_kind", "graph_node_id", "correlation",
+NEIGHBOUR_COLUMNS = ["name", "op", "layer", "activity", "copy_kind", "src_kind", "graph_node_id", "correlation",
                      "api_start", "api_end", "stream"]
 
 GAP_SCHEMA = {
@@ -62,6 +72,7 @@ GAP_SCHEMA = {
     "before": pl.Utf8, "before_op": pl.Utf8, "before_layer": pl.Int64,
     "after": pl.Utf8, "after_op": pl.Utf8, "after_layer": pl.Int64,
     "before_row": pl.UInt32, "after_row": pl.UInt32,  # the neighbours' `row` ids (null: profiler overhead)
+    "step_entry": pl.Boolean,  # an allowed step-entry launch gap (mark_step_entry_gaps): listed, no finding
 }
 
 
@@ -211,14 +222,20 @@ def classify_gaps(
     joined = joined.with_columns(_sync_before_launch(joined, sync_windows))
     before_graph = pl.col("before_graph_node_id").is_not_null()
     after_graph = pl.col("after_graph_node_id").is_not_null()
-    same_replay = before_graph & after_graph & (pl.col("before_correlation") == pl.col("after_correlation"))
-    h2d = (pl.col("before_copy_kind") == "HtoD").fill_null(False) | (pl.col("after_copy_kind") == "HtoD").fill_null(False)
+    same_replay = (before_graph & after_graph & (pl.col("before_correlation") == pl.col("after_correlation"))).fill_null(False)
+    copy_before = (pl.col("before_copy_kind") == "HtoD").fill_null(False)
+    copy_after = (pl.col("after_copy_kind") == "HtoD").fill_null(False)
+    pageable_before = copy_before & (pl.col("before_src_kind") == "Pageable").fill_null(False)
+    launched_late = (pl.col("after_api_end") > pl.col("start")).fill_null(False)
+    replay_opens = after_graph & ~same_replay
     after_collective = (pl.col("after_activity") == "kernel") & pl.col("after_name").is_in(collectives.implode())
     cause = (
         pl.when(pl.col("_sync")).then(pl.lit("sync"))
-        .when(h2d).then(pl.lit("h2d"))
-        .when((pl.col("after_api_end") > pl.col("start")).fill_null(False)).then(pl.lit("host"))
-        .when((before_graph | after_graph) & ~same_replay.fill_null(False)).then(pl.lit("graph_boundary"))
+        .when(copy_after | pageable_before).then(pl.lit("h2d"))
+        .when(launched_late & replay_opens).then(pl.lit("launch"))
+        .when(launched_late).then(pl.lit("host"))
+        .when(copy_before).then(pl.lit("h2d"))
+        .when((before_graph | after_graph) & ~same_replay).then(pl.lit("graph_boundary"))
         .when(after_collective.fill_null(False)).then(pl.lit("collective"))
         .otherwise(pl.lit("unknown"))
     )
@@ -305,4 +322,21 @@ def find_gaps(
         "rank", "step", "pid", "device", "stream", "start", "end", "duration", "cause",
         pl.col("before_name").alias("before"), "before_op", "before_layer",
         pl.col("after_name").alias("after"), "after_op", "after_layer", "before_row", "after_row",
+        pl.lit(False).alias("step_entry"),
     ).cast(GAP_SCHEMA).sort("rank", "step", "device", "start")
+
+
+def mark_step_entry_gaps(gaps: pl.DataFrame, launches: pl.DataFrame, rule: StepEntryGaps | None) -> pl.DataFrame:
+    """Set `step_entry` on the `launch` gaps a ledger allows: per step, at most
+    `rule.per_launch` per graph launch of the step (`launches`: `rank, step, graph_launches`),
+    each at most `rule.max_ns` long, the shortest first. Without a rule none is allowed."""
+    if rule is None or gaps.height == 0:
+        return gaps
+    allowed_per_step = launches.select("rank", "step", (pl.col("graph_launches") * rule.per_launch).alias("_allowed"))
+    fits = (pl.col("cause") == "launch") & (pl.lit(True) if rule.max_ns is None else pl.col("duration") <= rule.max_ns)
+    ordinal = pl.col("duration").rank("ordinal").over("rank", "step", fits)
+    return (
+        gaps.join(allowed_per_step, on=["rank", "step"], how="left", maintain_order="left")
+        .with_columns((fits & (ordinal <= pl.col("_allowed").fill_null(0))).alias("step_entry"))
+        .drop("_allowed")
+    )

@@ -45,8 +45,13 @@ def step_table(steps: Steps, gaps: pl.DataFrame) -> pl.DataFrame:
             (pl.col("kind") == "graph_launch").sum().cast(pl.Int64).alias("graph_launches"),
         )
     )
+    # the allowed step-entry launch gaps are counted apart: they are the price of the launch
+    findings = ~pl.col("step_entry")
     gap_totals = gaps.group_by(STEP_KEY).agg(
-        pl.len().cast(pl.Int64).alias("gaps"), pl.col("duration").sum().cast(pl.Int64).alias("gap_ns")
+        findings.sum().cast(pl.Int64).alias("gaps"),
+        pl.col("duration").filter(findings).sum().cast(pl.Int64).alias("gap_ns"),
+        pl.col("step_entry").sum().cast(pl.Int64).alias("step_entry_gaps"),
+        pl.col("duration").filter(pl.col("step_entry")).sum().cast(pl.Int64).alias("step_entry_gap_ns"),
     )
     return (
         windows.join(gpu, on=STEP_KEY, how="left")
@@ -55,7 +60,7 @@ def step_table(steps: Steps, gaps: pl.DataFrame) -> pl.DataFrame:
         .with_columns(
             pl.col(c).fill_null(0)
             for c in ["kernels", "kernel_ns", "h2d", "h2d_pageable", "h2d_bytes", "cpu_submissions",
-                      "graph_launches", "gaps", "gap_ns"]
+                      "graph_launches", "gaps", "gap_ns", "step_entry_gaps", "step_entry_gap_ns"]
         )
         .with_columns((pl.col("gpu_end") - pl.col("gpu_start")).alias("duration_ns"))
         .sort(STEP_KEY)

@@ -23,6 +23,7 @@ SCHEMA_VERSION = "1.1"
 STEP_FIELDS = [
     "pid", "device", "host_start", "host_end", "gpu_start", "gpu_end", "duration_ns", "kernels", "kernel_ns",
     "cpu_submissions", "graph_launches", "h2d", "h2d_pageable", "h2d_bytes", "gaps", "gap_ns",
+    "step_entry_gaps", "step_entry_gap_ns",
 ]
 
 

@@ -11,7 +11,7 @@ from nsys_ledger.checks.gaps import GAP_CAUSES
 from nsys_ledger.checks.h2d import H2D_POSITIONS
 
 GAP_FIELDS = ["rank", "step", "pid", "device", "start", "end", "duration", "cause", "before", "before_op",
-              "before_layer", "after", "after_op", "after_layer"]
+              "before_layer", "after", "after_op", "after_layer", "step_entry"]
 H2D_FIELDS = ["rank", "step", "device", "stream", "start", "end", "bytes", "memory", "position"]
 BREAK_FIELDS = ["rank", "step", "replay", "kernel_index", "before", "before_op", "before_layer", "after",
                 "after_op", "after_layer", "boundary_ns"]
