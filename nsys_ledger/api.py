@@ -167,7 +167,10 @@ def check(
         )
     batch = batch if batch is not None else (expectations.batch if expectations else None)
     with stage("sweeping the device timelines"):
-        timeline = build_timeline(steps, trace, threshold_ns, per_stream=per_stream_gaps)
+        timeline = build_timeline(
+            steps, trace, threshold_ns, per_stream=per_stream_gaps,
+            step_entry=expectations.step_entry_gaps if expectations else None,
+        )
     table = add_timeline_columns(step_table(steps, timeline.gaps), timeline, batch)
     ranks = rank_comparison(table)
     ops = op_counts(steps, list(expectations.ops) if expectations else [])
