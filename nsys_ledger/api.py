@@ -18,6 +18,7 @@ from nsys_ledger.attribution.layers import attribute_layers
 from nsys_ledger.checks.layers import LayerSummary, check_layers, summarize_layers
 from nsys_ledger.checks.ledger import CheckOutcome, Finding, check_ledger
 from nsys_ledger.checks.ranks import RankComparison
+from nsys_ledger.checks.coverage import OpCoverage, op_coverage
 from nsys_ledger.checks.stats import op_counts, step_table
 from nsys_ledger.checks.timeline import (
     Timeline,
@@ -101,6 +102,7 @@ class Result:
     batch: int | None = None  # requests per step, for kernels per output token
     files: tuple[InputFile, ...] = ()  # several exports checked together (multifile.check_many); else empty
     layers: LayerSummary | None = None  # layer of every decode kernel, how it was found, per-layer counts
+    coverage: OpCoverage | None = None  # decode kernels by specific op, generic fallback, no op (with a ledger)
 
     @property
     def findings(self) -> list[Finding]:
@@ -178,6 +180,7 @@ def check(
         layers = summarize_layers(attribute_layers(trace, steps.activities, expectations))
     timeline = attach_layers(timeline, layers.assignments)  # gap and graph-break positions by layer
     totals = trace_totals(trace)
+    coverage = op_coverage(steps.activities, steps.decode, expectations) if expectations else None
 
     notices: list[str] = list(trace.meta.warnings)
     outcomes: list[CheckOutcome] = []
@@ -190,7 +193,7 @@ def check(
     return Result(
         trace=trace, expectations=expectations, totals=totals, steps=steps, step_table=table, op_table=ops,
         gaps=timeline.gaps, gap_threshold_ns=threshold_ns, outcomes=tuple(outcomes), notices=tuple(notices),
-        timeline=timeline, ranks=ranks, batch=batch, layers=layers,
+        timeline=timeline, ranks=ranks, batch=batch, layers=layers, coverage=coverage,
     )
 
 

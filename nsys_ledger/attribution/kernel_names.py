@@ -163,3 +163,14 @@ def gemm_signature(name: str) -> GemmSignature | None:
     if not ints:
         return None
     return GemmSignature(function=function, ints=tuple(ints), kind=kind)
+
+
+def gemm_shape_text(name: str) -> str | None:
+    """What a templated GEMM's name says of its problem (`N=512 K=6144, normal`, or `shape not
+    in the name, normal`); None for other kernels."""
+    signature = gemm_signature(name)
+    if signature is None:
+        return None
+    shape = signature.probable_shape()
+    kind = f", {signature.kind}" if signature.kind else ""
+    return f"N={shape[0]} K={shape[1]}{kind}" if shape else f"shape not in the name{kind}"

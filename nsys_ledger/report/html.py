@@ -17,6 +17,8 @@ import polars as pl
 
 from nsys_ledger import __version__
 from nsys_ledger.api import Result
+from nsys_ledger.attribution.kernel_names import gemm_shape_text
+from nsys_ledger.checks.coverage import FALLBACK, NO_OP, SPECIFIC
 from nsys_ledger.checks.ledger import short_kernel_name
 from nsys_ledger.report import figures
 from nsys_ledger.report.html_kit import Cell, esc, figure, note, page, table
@@ -50,6 +52,7 @@ def render_html(result: Result) -> str:
         _per_step_section(result),
         _gaps_section(result),
         _h2d_section(result),
+        _op_coverage_section(result),
         _kernel_names_section(result),
         _facts_section(result, selected),
         "</main>",
@@ -344,6 +347,31 @@ def _h2d_copies(result: Result) -> pl.DataFrame:
              pl.lit(None, pl.Utf8).alias("position"), "stream")
 
 
+def _op_coverage_section(result: Result) -> str:
+    """Decode kernels by specific op, generic fallback and no op, with the names behind the
+    last two: how much of the step the ledger really names."""
+    heading = '<h2 id="op-coverage">Op coverage</h2>'
+    cov = result.coverage
+    if cov is None or cov.total == 0:
+        return heading + note("op coverage: no ledger given, or no kernel in a decode step")
+    steps = max(cov.step_count, 1)
+    summary = table(
+        ["claimed by", "kernels per step", "share"],
+        [[label, Cell(f"{cov.kernels(c) / steps:,.1f}", cov.kernels(c) / steps),
+          Cell(f"{cov.share(c):.1%}", cov.share(c), css="fail" if c != SPECIFIC and cov.kernels(c) else None)]
+         for c, label in ((SPECIFIC, "a specific op"), (FALLBACK, "only a generic fallback op"), (NO_OP, "no op"))],
+    )
+    rows = [
+        [label, op if coverage == FALLBACK else "-", Cell(f"{per_step:.2f}", per_step), Cell(gemm_shape_text(name) or "-", css="name"),
+         Cell(name, css="name")]
+        for coverage, label in ((FALLBACK, "fallback"), (NO_OP, "no op"))
+        for name, op, _, per_step in cov.top(coverage, MAX_COVERAGE_ROWS).iter_rows()
+    ]
+    names = table(["class", "op", "launches per step", "GEMM shape in the name", "kernel name"], rows,
+                  caption="the names a ledger should name: add an op (patterns or gemm = { n, k }) for each")
+    return heading + summary + (names if rows else "")
+
+
 def _kernel_names_section(result: Result) -> str:
     heading = '<h2 id="kernel-names">Kernel names in decode steps</h2>'
     kernels = result.steps.activities.filter(pl.col("decode").fill_null(False) & (pl.col("activity") == "kernel"))
@@ -364,6 +392,9 @@ def _kernel_names_section(result: Result) -> str:
         else f"{names.height} distinct names; op 'other': matched by no op of the ledger"
     )
     return heading + table(["op", "group", "launches per step", "kernel name"], rows, caption=caption)
+
+
+MAX_COVERAGE_ROWS = 20
 
 
 def _short_name_lookup(names: pl.Series) -> dict[str, str]:

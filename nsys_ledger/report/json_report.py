@@ -18,7 +18,7 @@ from nsys_ledger.checks.layers import compact_layer_counts
 from nsys_ledger.checks.ledger import compact_ranges
 from nsys_ledger.report.timeline_json import step_timeline_fields, timeline_document
 
-SCHEMA_VERSION = "1.1"
+SCHEMA_VERSION = "1.2"
 
 STEP_FIELDS = [
     "pid", "device", "host_start", "host_end", "gpu_start", "gpu_end", "duration_ns", "kernels", "kernel_ns",
@@ -65,6 +65,7 @@ def result_document(result: Result) -> dict:
         "notices": list(result.notices),
         "files": _files(result),
         "layers": _layers(result),
+        "op_coverage": result.coverage.to_dict() if result.coverage is not None else None,
         "timeline": timeline_document(result),
         "verdict": result.verdict,
     }

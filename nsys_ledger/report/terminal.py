@@ -11,6 +11,8 @@ import polars as pl
 
 from nsys_ledger.api import Result
 from nsys_ledger.attribution.layers import inference_rule_text
+from nsys_ledger.attribution.kernel_names import gemm_shape_text
+from nsys_ledger.checks.coverage import FALLBACK, NO_OP, SPECIFIC
 from nsys_ledger.checks.ledger import short_kernel_name
 from nsys_ledger.report.text import printable  # names and paths from the trace, escaped
 from nsys_ledger.report.timeline_text import timeline_lines
@@ -63,6 +65,7 @@ def _facts(result: Result) -> list[str]:
     if excluded_text:
         lines.append(f"excluded  {excluded_text}")
     lines += _layer_lines(result)
+    lines += _coverage_lines(result)
     lines += _file_lines(result)
     if result.expectations is not None:
         lines.append(f"ledger    {printable(result.expectations.name)} ({printable(result.expectations.path)})")
@@ -99,6 +102,28 @@ def _layer_lines(result: Result) -> list[str]:
         pl.col("nodes").sum(), pl.col("kernels").sum()
     ).sort("status").iter_rows():
         lines.append(f"          {kernels:,} graph kernels ({nodes:,} nodes) without a capture origin: {status}")
+    return lines
+
+
+COVERAGE_LABELS = ((SPECIFIC, "specific op"), (FALLBACK, "generic fallback"), (NO_OP, "no op"))
+COVERAGE_NAME_WIDTH = 90
+
+
+def _coverage_lines(result: Result, limit: int = 3) -> list[str]:
+    """How many decode kernels a specific op, only a fallback op, or no op claimed, and the
+    names behind the last two, per step: where the ledger does not describe the build."""
+    cov = result.coverage
+    if cov is None or cov.total == 0:
+        return []
+    steps = max(cov.step_count, 1)
+    parts = ", ".join(f"{label} {cov.kernels(c) / steps:,.1f} ({cov.share(c):.1%})" for c, label in COVERAGE_LABELS)
+    lines = [f"ops       {cov.total / steps:,.1f} decode kernels per step: {parts}"]
+    for coverage, label in ((FALLBACK, "fallback"), (NO_OP, "no op")):
+        for name, op, _, per_step in cov.top(coverage, limit).iter_rows():
+            claimed = f"{op}: " if coverage == FALLBACK else ""
+            shape = gemm_shape_text(name)
+            lines.append(f"          {label:<8} {per_step:7.1f}/step  {claimed}"
+                         f"{printable(short_kernel_name(name, COVERAGE_NAME_WIDTH))}" + (f" ({shape})" if shape else ""))
     return lines
 
 
