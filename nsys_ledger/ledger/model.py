@@ -70,6 +70,7 @@ class OpDef:
     source: str
     gemm: tuple[GemmShape, ...] = ()
     fallback: bool = False
+    description: str | None = None  # what the op is, as the ledger explains it
 
     @property
     def regex(self) -> str:
@@ -99,6 +100,7 @@ class StepRule:
     exclude_nvtx_regex: str | None  # steps inside a range matching this are not decode
     exclude_ops: tuple[str, ...]  # a step containing any kernel of these ops is not decode
     source: str = "steps"
+    marker_op: str | None = None  # the op whose patterns gave marker_regex ([steps] marker_op), if so
 
 
 @dataclass(frozen=True)
@@ -178,6 +180,14 @@ class Expectations:
     layer_rule: LayerRule = field(default_factory=LayerRule)  # the rest of [layers]
     rank_imbalance_pct: float | None = None  # [ranks] max_imbalance_pct; None: not checked
     step_entry_gaps: StepEntryGaps | None = None  # [gaps] step_entry_per_launch; None: none allowed
+    # Every number, range and layer list exactly as the file wrote it (formulas, "a-b", tables),
+    # by dotted TOML key (``params.moe_layers``, ``anchors.sparse_mla.expected``,
+    # ``ops.o_proj.gemm``, ``layers.classes.moe.groups``): the writer puts these back instead of
+    # the evaluated numbers, so a ledger keeps its formulas. Empty for a ledger built in code.
+    written: dict[str, object] = field(default_factory=dict)
+    # A comment per value or table, by dotted TOML key: the writer puts ``# text`` after the
+    # value (or above the table header). `nsys-ledger learn` says here how each number was seen.
+    comments: dict[str, str] = field(default_factory=dict)
 
     def op_regexes(self) -> list[tuple[str, re.Pattern[str] | None]]:
         """(op, compiled patterns) in match order; None for an op declared by GEMM shape only."""
