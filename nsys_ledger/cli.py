@@ -260,6 +260,34 @@ def expectations_match(file, as_json) -> None:
             click.echo(f"{match.op}\t{match.group or '-'}\t{how}\t{printable(name)}")
 
 
+@expectations.command("diff")
+@click.argument("a", type=click.Path(path_type=str))
+@click.argument("b", type=click.Path(path_type=str))
+@click.option("--json", "as_json", is_flag=True, help="One JSON document (a, b, equal, changes) instead of text.")
+def expectations_diff(a, b, as_json) -> None:
+    """What ledgers A and B disagree on, for reviewing a relearned ledger in a pull request.
+
+    Params, ops (added, removed, patterns, GEMM shapes, groups, match priority), anchors,
+    total, gaps, H2D, graph launches, ranks, layer classes and their groups, compared on the
+    evaluated values the checks use (formulas shown beside them). Exit codes: 0 the same,
+    1 they differ, 2 a file cannot be read.
+
+        nsys-ledger expectations diff expectations/glm-5.3-tp8-ep8.toml learned.toml
+    """
+    import json
+
+    from nsys_ledger.ledger import load_expectations
+    from nsys_ledger.ledger.diff import diff_expectations, ledger_diff_json, render_ledger_diff
+
+    changes = diff_expectations(load_expectations(a), load_expectations(b))
+    if as_json:
+        click.echo(json.dumps(ledger_diff_json(changes, a, b), indent=2, ensure_ascii=False))
+    else:
+        for line in render_ledger_diff(changes, a, b).splitlines():
+            click.echo(printable(line))  # regexes and descriptions come from the files
+    sys.exit(1 if changes else 0)
+
+
 @main.command()
 @click.argument("out", type=click.Path(path_type=str))
 @click.option("--mode", type=click.Choice(["graph", "eager"]), default="graph", show_default=True)

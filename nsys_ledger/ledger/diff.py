@@ -79,10 +79,15 @@ def _num(x: float | None) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
+def _one_line(text: str) -> str:
+    """A description on one line (a diff prints one line per difference)."""
+    return " ".join(text.split())
+
+
 def _with_formula(value: str, formula: object) -> str:
     """``75 (layers - dense_layers)``: the number the check uses, and how the file wrote it."""
     if isinstance(formula, str) and formula != value:
-        return f"{value} ({formula})"
+        return f"{value} (= {formula})"
     return value
 
 
@@ -126,7 +131,7 @@ def _items(key: str, before: Iterable[str], after: Iterable[str]) -> Iterator[Le
 
 def _model(a: Expectations, b: Expectations) -> Iterator[LedgerChange]:
     yield from _value("model.name", a.name, b.name)
-    yield from _value("model.description", a.description.strip() or None, b.description.strip() or None)
+    yield from _value("model.description", a.description.strip() or None, b.description.strip() or None, _one_line)
 
 
 def _params(a: Expectations, b: Expectations) -> Iterator[LedgerChange]:
@@ -180,7 +185,7 @@ def _ops(a: Expectations, b: Expectations) -> Iterator[LedgerChange]:
         yield from _items(f"{key}.patterns", map(regex_string, before.patterns), map(regex_string, after.patterns))
         yield from _items(f"{key}.gemm", map(_shape, before.gemm), map(_shape, after.gemm))
         yield from _value(f"{key}.fallback", before.fallback, after.fallback, lambda v: str(v).lower())
-        yield from _value(f"{key}.description", before.description, after.description)
+        yield from _value(f"{key}.description", before.description, after.description, _one_line)
     yield from _op_order(a, b)
 
 
