@@ -112,7 +112,13 @@ def main() -> None:
                    "(needs `pip install nsys-ledger[dask]`).")
 @click.option("--no-cache", is_flag=True,
               help="Export an .nsys-rep afresh instead of reusing the export kept beside it.")
-def check(traces, expect, step_nvtx, step_method, gap_us, batch, per_stream_gaps, json_path, html_path, junit_path,
+@click.option("--capture", "captures", multiple=True, type=click.Path(path_type=str), metavar="FILE|DIR",
+              help="PyTorch profiler capture trace(s) of the CUDA/HIP graphs (SGLang --enable-profile-cuda-graph, "
+                   "vLLM): replayed graph kernels get the module and layer they were captured in. Repeatable.")
+@click.option("--trace-out", "trace_out", type=click.Path(path_type=str),
+              help="Write the worst and a representative decode step as a Chrome trace (Perfetto UI, "
+                   "chrome://tracing): kernels per stream, copies, launch calls, gaps, findings.")
+def check(traces, captures, trace_out, expect, step_nvtx, step_method, gap_us, batch, per_stream_gaps, json_path, html_path, junit_path,
           markdown_path, jobs, dask_address, no_cache) -> None:
     """Count the kernels of every decode step in TRACE and compare them with the ledger.
 
@@ -129,6 +135,7 @@ def check(traces, expect, step_nvtx, step_method, gap_us, batch, per_stream_gaps
           --markdown summary.md
     """
     from nsys_ledger.multifile import check_many
+    from nsys_ledger.report.chrome_trace import write_chrome_trace
     from nsys_ledger.report.html import write_html
     from nsys_ledger.report.json_report import write_json
     from nsys_ledger.report.junit import write_junit
@@ -138,16 +145,29 @@ def check(traces, expect, step_nvtx, step_method, gap_us, batch, per_stream_gaps
     outputs = [
         (label, writer, _writable(path))
         for label, writer, path in (("json", write_json, json_path), ("html", write_html, html_path),
-                                    ("junit", write_junit, junit_path), ("markdown", write_markdown, markdown_path))
+                                    ("junit", write_junit, junit_path), ("markdown", write_markdown, markdown_path),
+                                    ("trace-out", write_chrome_trace, trace_out))
         if path
     ]
-    result = check_many(traces, expect, workers=jobs, keep_events=bool(html_path), dask=dask_address,
+    result = _check_with_captures(
+        traces, captures, expect, step_nvtx=step_nvtx, step_method=step_method, gap_us=gap_us, batch=batch,
+        per_stream_gaps=per_stream_gaps,
+    ) if captures else check_many(traces, expect, workers=jobs, keep_events=bool(html_path or trace_out), dask=dask_address,
                         step_nvtx=step_nvtx, step_method=step_method, gap_us=gap_us, batch=batch,
                         per_stream_gaps=per_stream_gaps, cache=not no_cache)
     click.echo(render(result))
     for label, writer, target in outputs:
         _write_output(writer, result, target, label)
     sys.exit(result.exit_code)
+
+
+def _check_with_captures(traces, captures, expect, **options):
+    """One replay trace checked with the capture traces of its graphs (`captures.py`)."""
+    if len(traces) != 1:
+        raise click.UsageError("--capture pairs one replay trace with its capture traces: give one TRACE")
+    from nsys_ledger.captures import check_with_captures
+
+    return check_with_captures(traces[0], list(captures), expect, **options)[0]
 
 
 def _write_output(writer, result, target: Path, label: str) -> None:

@@ -52,7 +52,7 @@ import polars as pl
 from nsys_ledger.errors import TraceError
 from nsys_ledger.trace.model import FRAME_SCHEMAS, Trace, TraceMeta, empty_frame
 
-__all__ = ["load_kineto", "is_kineto_file", "KINETO_VERSION_SOURCE"]
+__all__ = ["load_kineto", "load_kineto_capture", "is_kineto_file", "KINETO_VERSION_SOURCE"]
 
 KINETO_VERSION_SOURCE = "kineto"
 GZIP_MAGIC = b"\x1f\x8b"
@@ -183,6 +183,20 @@ def load_kineto(path: str | os.PathLike[str]) -> Trace:
     if events is None:
         raise TraceError(shown, "JSON without a traceEvents list: not a PyTorch profiler / Chrome trace")
     return _Builder(shown, document, data).build(events)
+
+
+def load_kineto_capture(path: str | os.PathLike[str]) -> tuple[Trace, pl.DataFrame]:
+    """A capture trace (SGLang `--enable-profile-cuda-graph`, vLLM's capture profile) and the
+    kernel each recorded launch call names in `args.kernel` (ROCm writes it; CUPTI does not):
+    `pid, correlation, kernel`, one row per call that names one."""
+    shown = str(path)
+    data = read_json_bytes(Path(path), shown)
+    document = decode_document(data, shown)
+    if document.traceEvents is None:
+        raise TraceError(shown, "JSON without a traceEvents list: not a PyTorch profiler / Chrome trace")
+    builder = _Builder(shown, document, data)
+    trace = builder.build(document.traceEvents)
+    return trace, builder.launch_kernels
 
 
 def read_json_bytes(p: Path, shown: str) -> bytes:
@@ -367,6 +381,7 @@ class _Builder:
             )
 
         api_calls = self.api_calls(self._pick(by_cat, RUNTIME_CATS), self._pick(by_cat, DRIVER_CATS))
+        self.launch_kernels = self.named_launch_kernels(self._pick(by_cat, RUNTIME_CATS + DRIVER_CATS))
         launchers = api_calls.select("pid", "correlation").drop_nulls().unique(subset=["correlation"], keep="first")
         main_pid = self._main_pid(api_calls, by_cat)
         kernels = self.gpu_rows(self._pick(by_cat, KERNEL_CATS), launchers, main_pid)
@@ -475,6 +490,15 @@ class _Builder:
             pl.col("kind").fill_null("other"),
             ((pl.col("pid") & _LOW24) * _PID_SHIFT + (pl.col("tid") & _LOW24)).alias("global_tid"),
         ).sort("start", maintain_order=True)
+
+    def named_launch_kernels(self, rows: list[int]) -> pl.DataFrame:
+        """`pid, correlation, kernel` of the launch calls whose args name their kernel."""
+        named = [i for i in rows if self.events[i].args is not None and isinstance(self.events[i].args.kernel, str)]
+        return pl.DataFrame({
+            "pid": _as_int(self._column(named, lambda e: e.pid), "pid"),
+            "correlation": _as_int(self._column(named, lambda e: e.args.correlation), "correlation"),
+            "kernel": pl.Series("kernel", self._column(named, lambda e: e.args.kernel), dtype=STR),
+        }, schema={"pid": I64, "correlation": I64, "kernel": STR})
 
     def _main_pid(self, api_calls: pl.DataFrame, by_cat: dict) -> int | None:
         """The process that made the most API calls (else the most ranges): GPU rows whose
