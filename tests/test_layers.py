@@ -165,31 +165,73 @@ def test_inference_tolerates_extra_kernels(tmp_path, expectations, faults):
                                                 "chunked_indexer": 1998 + 42}[faults[0]]
 
 
-def test_inference_repairs_a_lost_layer_boundary(results, expectations):
-    """Without layer 30's QKV projection in step 1, its input norm opens nothing: layers 29 and
-    30 merge. The merged segment is the one furthest from its expected size, so the layers after
-    it are numbered from the end and only 29/30 are off."""
+def _drop_kernels(trace, step: dict, patterns: list[str], layers: list[int]):
+    """The trace without the kernels matching each pattern in the given layers of one step
+    (the n-th match in issue order is layer n: each runs once per layer)."""
+    kernels = trace.kernels.with_row_index("_i")
+    dropped = []
+    for pattern in patterns:
+        hits = kernels.filter(pl.col("name").str.contains(pattern) & pl.col("start").is_between(step["start"], step["end"]))
+        assert hits.height == 78, pattern
+        dropped += [hits.sort("start")["_i"][layer] for layer in layers]
+    return dataclasses.replace(trace, kernels=kernels.filter(~pl.col("_i").is_in(dropped)).drop("_i"))
+
+
+QKV = r"\(unsigned int\)2624, \(unsigned int\)6144,"
+SPARSE_MLA = r"flash_fwd_splitkv_mla_fp8_sparse_kernel"
+
+
+def test_inference_survives_a_lost_projection(results, expectations):
+    """Without layer 30's QKV projection in step 1 the opening rule loses a boundary, but the
+    sparse MLA kernel (once per layer) still places every layer: only layer 30 is one short."""
     trace = results("glm5-eager-no-nvtx.sqlite").trace
     step1 = next(s for s in MANIFEST["glm5-eager-no-nvtx.sqlite"]["steps"] if s["index"] == 1)
-    qkv = (
-        trace.kernels.with_row_index("_i")
-        .filter(pl.col("name").str.contains(r"\(unsigned int\)2624, \(unsigned int\)6144,")
-                & pl.col("start").is_between(step1["start"], step1["end"]))
-        .sort("start")
-    )
-    assert qkv.height == 78
-    dropped = qkv["_i"][30]
-    damaged = dataclasses.replace(trace, kernels=trace.kernels.with_row_index("_i").filter(pl.col("_i") != dropped).drop("_i"))
-    result = nsys_ledger.check(damaged, expectations)
+    result = nsys_ledger.check(_drop_kernels(trace, step1, [QKV], [30]), expectations)
+    truth = MANIFEST["glm5-eager-no-nvtx.sqlite"]["step_layer_kernels"]
+    step = kernels_per_layer(result)[(0, 1)]
+    assert step[:30] == truth[:30] and step[31:] == truth[31:] and step[30] == truth[30] - 1
+    assert result.layers.inferred["cut_by"].to_list() == ["anchor"] * 4
+    assert result.layers.inferred["confidence"].to_list() == ["exact"] * 4
+    assert result.layers.notes == ()
+
+
+def test_inference_repairs_a_lost_layer_boundary(results, expectations):
+    """Without layer 30's QKV projection and sparse MLA kernel in step 1 both rules lose the
+    boundary: layers 29 and 30 merge. The merged segment is the one furthest from its expected
+    size, so the layers after it are numbered from the end and only 29/30 are off."""
+    trace = results("glm5-eager-no-nvtx.sqlite").trace
+    step1 = next(s for s in MANIFEST["glm5-eager-no-nvtx.sqlite"]["steps"] if s["index"] == 1)
+    result = nsys_ledger.check(_drop_kernels(trace, step1, [QKV, SPARSE_MLA], [30]), expectations)
     truth = MANIFEST["glm5-eager-no-nvtx.sqlite"]["step_layer_kernels"]
     counts = kernels_per_layer(result)
     assert counts[(0, 0)] == truth and counts[(0, 2)] == truth
     step = counts[(0, 1)]
     assert step[:29] == truth[:29] and step[31:] == truth[31:]
-    assert (step[29], step[30]) == (truth[29] + truth[30] - 1, 0)
+    assert (step[29], step[30]) == (truth[29] + truth[30] - 2, 0)
+    assert result.layers.inferred.filter(pl.col("step") == 1)["confidence"].to_list() == ["repaired"]
     assert result.layers.notes == (
         "layer inference cut 1 step(s) (1) into 77 layers instead of 78: the layers after layer 29 were "
         "numbered from the end",
+    )
+
+
+def test_inference_keeps_the_layers_it_can_place(results, expectations):
+    """Three boundaries lost in step 1 (layers 10, 30 and 50 merge into their predecessors): no
+    single repair fits, so the layers before the first and after the last merged segment keep
+    their layer and the ones between get none, instead of no layer at all."""
+    trace = results("glm5-eager-no-nvtx.sqlite").trace
+    step1 = next(s for s in MANIFEST["glm5-eager-no-nvtx.sqlite"]["steps"] if s["index"] == 1)
+    result = nsys_ledger.check(_drop_kernels(trace, step1, [QKV, SPARSE_MLA], [10, 30, 50]), expectations)
+    truth = MANIFEST["glm5-eager-no-nvtx.sqlite"]["step_layer_kernels"]
+    step = kernels_per_layer(result)[(0, 1)]
+    assert step[:9] == truth[:9] and step[51:] == truth[51:]
+    assert step[9:51] == [0] * 42
+    assert kernels_per_layer(result)[(0, 2)] == truth
+    inferred = result.layers.inferred.filter(pl.col("step") == 1)
+    assert inferred.select("segments", "confidence").rows() == [(75, "partial")]
+    assert result.layers.notes == (
+        "layer inference cut 1 step(s) (1) into 75 layers instead of 78: confidence partial, only the layers "
+        "before the first and after the last segment of an unexpected size got a layer",
     )
 
 
@@ -213,8 +255,10 @@ def test_terminal_prints_coverage_and_inference(results):
     assert "INFERRED" not in graph
     eager = click.unstyle(render(results("glm5-eager-no-nvtx.sqlite")))
     assert "layers    99.8% of 8,008 decode kernels have a layer, 78 layers (inferred 7,992, outside any layer 16)" in eager
-    assert ("layers INFERRED in 4 decode steps (no layer-wise NVTX range): a layer opens at fused_add_rmsnorm "
-            "(or rmsnorm) followed by qkv_a_proj; the last fused_add_rmsnorm ends the layers") in eager
+    assert ("layers INFERRED in 4 decode steps (no layer-wise NVTX range; 4 exact by anchor): each layer holds one "
+            "sparse_mla and opens at the last fused_add_rmsnorm before it (layer 0 at the first fused_add_rmsnorm or "
+            "rmsnorm); else a layer opens at fused_add_rmsnorm (or rmsnorm) followed by qkv_a_proj; the last "
+            "fused_add_rmsnorm ends the layers") in eager
 
 
 def test_json_per_layer_counts_are_compact(results):

@@ -9,7 +9,8 @@ Three sources, tried in this order for each activity (the `how` column):
 * ``replay_nvtx``: the ranges enclosing the launching call at run time (an eager launch, or
   the `cudaGraphLaunch` of a replay), nsys's own projection.
 * ``inferred``: no layer range in the whole step. The kernel sequence of the step is cut into
-  layers where the expectations' opening op starts one (`infer_layers`).
+  layers from what the ledger knows (`infer_layers`): the op that runs once per layer, the
+  opening op, the layer classes' sizes.
 
 Everything else is ``none`` (embedding, final norm, LM head, sampling: outside the layers).
 
@@ -44,7 +45,17 @@ INFERRED_SCHEMA = {
     "step": pl.Int64,
     "segments": pl.Int64,  # layers the step was cut into
     "repaired_after": pl.Int64,  # one boundary lost or gained: layers after this segment numbered from the end
+    "cut_by": pl.Utf8,  # CUT_BY_ANCHOR or CUT_BY_OPENING: which rule placed the boundaries
+    "confidence": pl.Utf8,  # one of CONFIDENCE
 }
+# How a step's boundaries were placed: around the op that runs once per layer, or at the
+# opening op followed by `opening_followed_by`.
+CUT_BY_ANCHOR = "anchor"
+CUT_BY_OPENING = "opening"
+# exact: as many layers as the model has; repaired: one boundary lost or gained, the layers
+# after the odd segment numbered from the end; partial: only the layers before the first and
+# after the last segment of an unexpected size got a layer.
+CONFIDENCE = ("exact", "repaired", "partial")
 
 LAYER_COLUMNS = {
     "layer": pl.Int64,  # null outside the layers
@@ -240,20 +251,30 @@ def _infer_where_missing(
 
 
 def infer_layers(kernels: pl.DataFrame, expectations: Expectations) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Cut each step's kernel sequence into layers: `_position, layer` and `rank, step, segments`.
+    """Cut each step's kernel sequence into layers: `_position, layer` and INFERRED_SCHEMA.
 
     `kernels` carry `_position` (their index in the caller's frame), `rank, step, stream, op`,
     `api_start, capture_time, start`.
 
     Kernels are taken in issue order (launch time; graph kernels by the capture time of their
-    node). On the step's main stream (the one running the opening op), a layer opens at a
-    kernel of the opening op (or, for layer 0, the first-layer opening op) that is followed by
-    the `opening_followed_by` op before the next kernel of either: the input norm, not the
-    post-attention or q/kv norms. The layers end at the step's last kernel of `closing_op`
-    (the final norm). Kernels of other streams belong to the layer open on the main stream
-    at their issue position. A step that yields one layer too many or too few (a lost or
-    spurious boundary) is repaired at the segment whose size is furthest from the size the
-    layer classes expect: segments after it are numbered from the end.
+    node). On the step's main stream (the one running the opening op) two rules place the
+    boundaries, and per step the first that yields as many layers as the model has wins (else
+    the one closest to it):
+
+    * around the anchor: the op the ledger expects once per layer (`sparse_mla` = layers). A
+      layer opens at the last opening-op kernel before its anchor (the input norm comes after
+      the previous layer's post-attention norm); layer 0 at the first kernel of either opening
+      op (a plain or a fused norm); after the last anchor, the last norm of either kind ends
+      the layers when there are two (post-attention and final norm). It needs no projection
+      to be recognised, so a GEMM whose shape is not in its name does not break it.
+    * at the opening op followed by `opening_followed_by` before the next opening kernel (the
+      input norm, not the post-attention or q/kv norms); the step's last `closing_op` kernel
+      after the last opening ends the layers.
+
+    Kernels of other streams belong to the layer open on the main stream at their issue
+    position. A step cut into one layer too many or too few is repaired at the segment whose
+    size is furthest from what the layer classes expect; one further off keeps only the layers
+    it can place (`confidence` partial).
     """
     rule = expectations.layer_rule
     n_layers = int(expectations.params.get("layers", 0)) or None
@@ -274,12 +295,15 @@ def infer_layers(kernels: pl.DataFrame, expectations: Expectations) -> tuple[pl.
         .select(*key, pl.col("stream").alias("_main"))
     )
     main = ordered.join(main_stream, on=key, how="inner").filter(pl.col("stream") == pl.col("_main"))
-    main = main.sort(*key, "position").with_columns(_opens_layer(rule, opening_ops).alias("_opens"))
+    main = main.sort(*key, "position")
 
-    boundaries = main.filter(pl.col("_opens")).select(*key, "position").with_columns(
-        pl.int_range(pl.len()).over(key).cast(pl.Int64).alias("segment")
-    )
-    closing = _closing_positions(main, boundaries, rule.closing_op)
+    cuts = []
+    anchor = per_layer_anchor(expectations)
+    if anchor is not None:
+        cuts.append((CUT_BY_ANCHOR, *_anchor_cut(main, anchor, expectations.layer_opening_op, opening_ops)))
+    cuts.append((CUT_BY_OPENING, *_opening_cut(main, rule, opening_ops)))
+    boundaries, closing, chosen = _choose_cut(cuts, n_layers)
+
     placed = ordered.select("_position", *key, "position").sort("position").join_asof(
         boundaries.sort("position"), on="position", by=key, strategy="backward", check_sortedness=False
     )
@@ -288,7 +312,83 @@ def infer_layers(kernels: pl.DataFrame, expectations: Expectations) -> tuple[pl.
         .otherwise(pl.col("segment")).alias("segment")
     )
     numbered, per_step = _number_segments(placed, n_layers, _expected_layer_sizes(expectations))
+    per_step = per_step.join(chosen, on=key, how="left")
     return numbered.select("_position", "layer"), per_step
+
+
+def per_layer_anchor(expectations: Expectations) -> str | None:
+    """The op the ledger expects exactly once per layer per step (GLM-5.3: `sparse_mla` =
+    layers), other than the opening ops; None when the ledger has none."""
+    n_layers = expectations.params.get("layers")
+    if not n_layers:
+        return None
+    openers = {expectations.layer_opening_op, expectations.layer_rule.first_opening_op}
+    for anchor in expectations.anchors:
+        if anchor.expected.low == anchor.expected.high == n_layers and anchor.op not in openers:
+            return anchor.op
+    return None
+
+
+def _anchor_cut(main: pl.DataFrame, anchor: str, opening_op: str | None,
+                opening_ops: list[str]) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Boundaries around the once-per-layer anchor (see infer_layers): `rank, step, position,
+    segment` and the closing position `rank, step, _closing`."""
+    key = ["rank", "step"]
+    either = pl.col("op").is_in(opening_ops)
+    counted = main.with_columns(
+        (pl.col("op") == anchor).cum_sum().over(key).alias("_anchors_before"),
+        (pl.col("op") == anchor).sum().over(key).alias("_anchors"),
+    )
+    first = counted.filter(either & (pl.col("_anchors_before") == 0) & (pl.col("_anchors") > 0)).group_by(key).agg(
+        pl.col("position").min()
+    )
+    between = counted.filter(
+        (pl.col("op") == opening_op) & (pl.col("_anchors_before") >= 1) & (pl.col("_anchors_before") < pl.col("_anchors"))
+    ).group_by(*key, "_anchors_before").agg(pl.col("position").max()).drop("_anchors_before")
+    boundaries = _numbered_boundaries(pl.concat([first, between], how="vertical_relaxed"))
+    after_last = counted.filter(either & (pl.col("_anchors_before") == pl.col("_anchors")) & (pl.col("_anchors") > 0))
+    closing = after_last.group_by(key).agg(pl.len().alias("_norms"), pl.col("position").max().alias("_closing")).filter(
+        pl.col("_norms") >= 2  # the last layer's post-attention norm, then the final norm
+    ).select(*key, "_closing")
+    return boundaries, closing.cast({"_closing": pl.Int64})
+
+
+def _opening_cut(main: pl.DataFrame, rule: LayerRule, opening_ops: list[str]) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Boundaries at the opening op followed by `opening_followed_by` (see infer_layers)."""
+    opens = main.with_columns(_opens_layer(rule, opening_ops).alias("_opens"))
+    boundaries = _numbered_boundaries(opens.filter(pl.col("_opens")).select("rank", "step", "position"))
+    return boundaries, _closing_positions(opens, boundaries, rule.closing_op)
+
+
+def _numbered_boundaries(openings: pl.DataFrame) -> pl.DataFrame:
+    key = ["rank", "step"]
+    return openings.select(*key, pl.col("position").cast(pl.Int64)).sort(*key, "position").with_columns(
+        pl.int_range(pl.len()).over(key).cast(pl.Int64).alias("segment")
+    )
+
+
+def _choose_cut(
+    cuts: list[tuple[str, pl.DataFrame, pl.DataFrame]], n_layers: int | None
+) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """Per step, the first cut that yields `n_layers` segments, else the one closest to it:
+    its boundaries, its closing positions, and `rank, step, cut_by`."""
+    key = ["rank", "step"]
+    counts = pl.concat([
+        boundaries.group_by(key).agg(pl.len().alias("_segments")).with_columns(
+            pl.lit(name).alias("cut_by"), pl.lit(order).alias("_order"))
+        for order, (name, boundaries, _) in enumerate(cuts)
+    ], how="vertical_relaxed")
+    off = (pl.col("_segments") - n_layers).abs() if n_layers else pl.lit(0)
+    chosen = counts.with_columns(off.alias("_off")).sort("_off", "_order").unique(subset=key, keep="first").select(
+        *key, "cut_by"
+    )
+    picked = [
+        (boundaries.join(chosen.filter(pl.col("cut_by") == name), on=key, how="semi"),
+         closing.join(chosen.filter(pl.col("cut_by") == name), on=key, how="semi"))
+        for name, boundaries, closing in cuts
+    ]
+    return (pl.concat([b for b, _ in picked], how="vertical_relaxed"),
+            pl.concat([c for _, c in picked], how="vertical_relaxed"), chosen)
 
 
 def _opens_layer(rule: LayerRule, opening_ops: list[str]) -> pl.Expr:
@@ -331,16 +431,28 @@ def _expected_layer_sizes(expectations: Expectations) -> pl.DataFrame:
     )
 
 
+# A segment is "of an unexpected size" when it is off its class's expected size by more than
+# this share (or by more than MIN_SIZE_SLACK kernels): a merged or a split layer, not an extra
+# quantization kernel.
+SIZE_SLACK = 0.25
+MIN_SIZE_SLACK = 3
+
+
 def _number_segments(
     placed: pl.DataFrame, n_layers: int | None, expected: pl.DataFrame
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Segment index -> layer index, repairing steps with too many or too few segments."""
+    """Segment index -> layer index, repairing steps with too many or too few segments.
+
+    One segment more or fewer than `n_layers`: the boundary was gained or lost at the segment
+    furthest from its expected size; the segments after it are numbered from the end. Further
+    off: the segments before the first and after the last segment of an unexpected size are
+    numbered from the start and from the end, the ones between get no layer."""
     key = ["rank", "step"]
     sizes = placed.filter(pl.col("segment").is_not_null()).group_by(*key, "segment").agg(pl.len().alias("_size"))
     per_step = sizes.group_by(key).agg(pl.len().cast(pl.Int64).alias("segments")).sort(key)
     if n_layers is None:
         return placed.with_columns(pl.col("segment").alias("layer")), per_step.with_columns(
-            pl.lit(None, pl.Int64).alias("repaired_after")
+            pl.lit(None, pl.Int64).alias("repaired_after"), pl.lit("exact").alias("confidence")
         )
     typical = expected if expected.height else sizes.select(
         pl.lit(None, pl.Int64).alias("layer"), pl.col("_size").median().alias("expected")
@@ -349,43 +461,91 @@ def _number_segments(
         sizes.join(per_step, on=key)
         .filter(pl.col("segments") != n_layers)
         .join(typical.rename({"layer": "segment"}), on="segment", how="left")
-        .with_columns((pl.col("_size") - pl.col("expected").fill_null(typical["expected"].median())).abs().alias("_off"))
+        .with_columns(pl.col("expected").fill_null(typical["expected"].median()))
+        .with_columns((pl.col("_size") - pl.col("expected")).abs().alias("_off"))
     )
     # where the boundary was lost or gained: the segment furthest from its expected size
-    repair = deviation.sort("_off", "segment", descending=[True, False]).unique(subset=key, keep="first").select(
+    repair = deviation.filter((pl.col("segments") - n_layers).abs() == 1).sort(
+        "_off", "segment", descending=[True, False]
+    ).unique(subset=key, keep="first").select(
         *key, pl.col("segment").alias("_anomaly"), (n_layers - pl.col("segments")).alias("_shift")
     )
-    numbered = placed.join(repair, on=key, how="left").with_columns(
+    # further off: keep the segments before the first one of an unexpected size (read from the
+    # start) and after the last one (read from the end, where segment s is layer s + shift)
+    partial = _partial_bounds(deviation.filter((pl.col("segments") - n_layers).abs() > 1), typical, n_layers)
+    numbered = placed.join(repair, on=key, how="left").join(partial, on=key, how="left").with_columns(
         pl.when(pl.col("_anomaly").is_not_null() & (pl.col("segment") > pl.col("_anomaly")))
         .then(pl.col("segment") + pl.col("_shift"))
+        .when(pl.col("_first_odd").is_not_null() & (pl.col("segment") > pl.col("_last_odd")))
+        .then(pl.col("segment") + pl.col("_tail_shift"))
+        .when(pl.col("_first_odd").is_not_null() & (pl.col("segment") >= pl.col("_first_odd")))
+        .then(None)
         .otherwise(pl.col("segment"))
         .alias("layer")
     ).with_columns(
         pl.when((pl.col("layer") >= 0) & (pl.col("layer") < n_layers)).then(pl.col("layer")).alias("layer")
     )
-    return numbered, per_step.join(repair, on=key, how="left").rename({"_anomaly": "repaired_after"}).drop("_shift")
+    confidence = (
+        pl.when(pl.col("segments") == n_layers).then(pl.lit("exact"))
+        .when(pl.col("repaired_after").is_not_null()).then(pl.lit("repaired"))
+        .otherwise(pl.lit("partial"))
+    )
+    per_step = per_step.join(repair, on=key, how="left").rename({"_anomaly": "repaired_after"}).drop("_shift")
+    return numbered, per_step.with_columns(confidence.alias("confidence"))
+
+
+def _partial_bounds(deviation: pl.DataFrame, typical: pl.DataFrame, n_layers: int) -> pl.DataFrame:
+    """`rank, step, _first_odd, _last_odd, _tail_shift` for steps cut far from `n_layers`."""
+    key = ["rank", "step"]
+    median = typical["expected"].median()
+    tail = deviation.with_columns((pl.col("segment") + n_layers - pl.col("segments")).alias("_tail_layer")).join(
+        typical.select(pl.col("layer").alias("_tail_layer"), pl.col("expected").alias("_tail_expected")),
+        on="_tail_layer", how="left",
+    ).with_columns(pl.col("_tail_expected").fill_null(median))
+
+    def odd(expected: str) -> pl.Expr:
+        off = (pl.col("_size") - pl.col(expected)).abs()
+        return off > pl.max_horizontal(pl.col(expected) * SIZE_SLACK, pl.lit(MIN_SIZE_SLACK))
+
+    return tail.group_by(key).agg(
+        pl.col("segment").filter(odd("expected")).min().fill_null(pl.col("segment").max() + 1).alias("_first_odd"),
+        pl.col("segment").filter(odd("_tail_expected")).max().fill_null(-1).alias("_last_odd"),
+        (n_layers - pl.col("segments").first()).alias("_tail_shift"),
+    )
 
 
 def _inference_notes(per_step: pl.DataFrame, expectations: Expectations) -> list[str]:
-    """One note per kind of repaired step: cut into more or fewer layers than the model has."""
+    """One note per kind of repaired or partial step: cut into more or fewer layers than the model has."""
     n_layers = int(expectations.params.get("layers", 0)) or None
     if n_layers is None:
         return []
     notes = []
     off = per_step.filter(pl.col("segments") != n_layers)
-    for (segments, after), group in off.group_by("segments", "repaired_after", maintain_order=True):
+    for (segments, after, confidence), group in off.group_by(
+        "segments", "repaired_after", "confidence", maintain_order=True
+    ):
         steps = ", ".join(str(s) for s in group["step"].head(8).to_list())
-        notes.append(
-            f"layer inference cut {group.height} step(s) ({steps}{', ...' if group.height > 8 else ''}) into "
-            f"{segments} layers instead of {n_layers}: the layers after layer {after} were numbered from the end"
-        )
+        cut = f"layer inference cut {group.height} step(s) ({steps}{', ...' if group.height > 8 else ''}) into " \
+              f"{segments} layers instead of {n_layers}"
+        if confidence == "repaired":
+            notes.append(f"{cut}: the layers after layer {after} were numbered from the end")
+        else:
+            notes.append(f"{cut}: confidence partial, only the layers before the first and after the last segment "
+                         "of an unexpected size got a layer")
     return notes
 
 
 def inference_rule_text(expectations: Expectations) -> str:
-    """The opening rule in words, for reports: "a layer opens at X (layer 0 at Y) followed by Z"."""
+    """The cutting rules in words, for reports."""
     rule = expectations.layer_rule
-    text = f"a layer opens at {expectations.layer_opening_op}"
+    anchor = per_layer_anchor(expectations)
+    opening = expectations.layer_opening_op
+    text = ""
+    if anchor is not None:
+        text = (f"each layer holds one {anchor} and opens at the last {opening} before it"
+                + (f" (layer 0 at the first {opening} or {rule.first_opening_op})" if rule.first_opening_op else "")
+                + "; else ")
+    text += f"a layer opens at {opening}"
     if rule.first_opening_op:
         text += f" (or {rule.first_opening_op})"
     if rule.opening_followed_by:

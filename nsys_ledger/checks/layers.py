@@ -492,7 +492,8 @@ def _layers_word(layers: str) -> str:
 def _no_layers_outcome(decode_steps: int) -> CheckOutcome:
     message = (
         f"no decode kernel could be given a layer in any of the {decode_steps} decode steps: the trace has no "
-        "layer-wise NVTX ranges matching [layers] regex, and layer inference found no opening op"
+        "layer-wise NVTX ranges matching [layers] regex, and layer inference found neither the op that runs once "
+        "per layer nor the opening op"
     )
     finding = Finding(
         check="layer", subject="layers", source="layers", message=message, steps="all", failing_steps=decode_steps,

@@ -94,6 +94,11 @@ def _layers(result: Result) -> dict | None:
         "kernels_by_how": by_how,
         "share_with_layer": round(layers.share_with_layer, 6),
         "inferred_steps": layers.inferred_steps,
+        "inferred_by": {
+            f"{confidence} by {cut_by}": n
+            for confidence, cut_by, n in layers.inferred.group_by("confidence", "cut_by").agg(pl.len())
+            .sort("confidence", "cut_by").iter_rows()
+        },
         "unresolved_graph_nodes": layers.unresolved_graph_nodes.to_dicts(),
         "notes": list(layers.notes),
         "per_layer": per_layer,

@@ -96,7 +96,8 @@ def _layer_lines(result: Result) -> list[str]:
     if layers.inferred_steps:
         rule = f": {inference_rule_text(result.expectations)}" if result.expectations else ""
         lines.append(click.style("          layers INFERRED", bold=True)
-                     + f" in {layers.inferred_steps} decode steps (no layer-wise NVTX range){rule}")
+                     + f" in {layers.inferred_steps} decode steps (no layer-wise NVTX range; "
+                       f"{_inference_confidence(layers.inferred)}){rule}")
     lines += [f"          {printable(note)}" for note in layers.notes]
     for status, nodes, kernels in layers.unresolved_graph_nodes.group_by("status").agg(
         pl.col("nodes").sum(), pl.col("kernels").sum()
@@ -125,6 +126,12 @@ def _coverage_lines(result: Result, limit: int = 3) -> list[str]:
             lines.append(f"          {label:<8} {per_step:7.1f}/step  {claimed}"
                          f"{printable(short_kernel_name(name, COVERAGE_NAME_WIDTH))}" + (f" ({shape})" if shape else ""))
     return lines
+
+
+def _inference_confidence(inferred: pl.DataFrame) -> str:
+    """'4 exact by anchor' or '3 exact by anchor, 1 repaired by opening': how sure the cut is."""
+    groups = inferred.group_by("confidence", "cut_by").agg(pl.len()).sort("confidence", "cut_by")
+    return ", ".join(f"{n} {confidence} by {cut_by}" for confidence, cut_by, n in groups.iter_rows())
 
 
 MAX_FILE_ROWS = 12
