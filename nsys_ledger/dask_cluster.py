@@ -71,7 +71,7 @@ def _client(address: str, files: int, workers: int | None) -> Iterator[Any]:
         raise InputError("--dask", "needs dask.distributed: pip install 'nsys-ledger[dask]'") from None
     if address == LOCAL:
         count = max(1, min(files, workers or os.cpu_count() or 1))
-        with LocalCluster(n_workers=count, threads_per_worker=1, processes=True, dashboard_address=None,
+        with LocalCluster(n_workers=count, threads_per_worker=1, processes=True, dashboard_address=":0",
                           silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
             yield client
         return

@@ -14,8 +14,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 import nsys_ledger
+from nsys_ledger.cli import main
 from nsys_ledger import dask_cluster
 from nsys_ledger.errors import InputError, TraceError
 from nsys_ledger.multifile import check_many
@@ -40,7 +42,7 @@ def expectations():
 @pytest.fixture(scope="module")
 def cluster():
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
-                                  dashboard_address=None) as local:
+                                  dashboard_address=":0") as local:
         yield local
 
 
@@ -110,3 +112,12 @@ def test_without_dask_nothing_of_dask_is_imported():
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=300)
     assert run.returncode == 0, run.stderr
     assert "LOADED []" in run.stdout
+
+
+def test_cli_dask_local_starts_a_cluster_and_writes_the_same_json(on_pool, tmp_path, monkeypatch):
+    monkeypatch.setenv(PROGRESS_ENV, "0")
+    out = tmp_path / "result.json"
+    run = CliRunner().invoke(main, ["check", *FILES, "--expect", str(GLM), "--dask", "local", "-j", "2",
+                                    "--json", str(out)])
+    assert run.exit_code == 1, run.output  # the broken-fusion file fails the ledger
+    assert json.loads(out.read_text()) == json.loads(json.dumps(result_document(on_pool)))
