@@ -56,9 +56,13 @@ def basic_string(text: str) -> str:
 def multiline_string(text: str) -> str:
     """A ``\"\"\"`` block for text with line breaks (a description); reads back to `text`."""
     out = []
-    for c in text:
+    for i, c in enumerate(text):
         if c == "\n":
             out.append(c)
+        elif c == '"':
+            # only a quote that could start a closing \"\"\" needs its backslash
+            closing = i + 1 == len(text) or text[i + 1] == '"'
+            out.append('\\"' if closing else c)
         elif c in _BASIC_ESCAPES:
             out.append(_BASIC_ESCAPES[c])
         elif _is_control(c):

@@ -1,0 +1,422 @@
+"""The ledger writer: load -> write -> load gives back an equal ledger, in the forms a person writes."""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from nsys_ledger.ledger import (
+    Anchor,
+    Expectations,
+    GemmShape,
+    H2DRule,
+    LayerClass,
+    LayerRule,
+    OpDef,
+    Range,
+    StepEntryGaps,
+    StepRule,
+    diff_expectations,
+    load_expectations,
+    write_expectations,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+GLM = ROOT / "expectations" / "glm-5.3-tp8-ep8.toml"
+
+
+def reload(tmp_path: Path, text: str, name: str = "written.toml") -> Expectations:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return load_expectations(path)
+
+
+def assert_round_trip(tmp_path: Path, exp: Expectations) -> str:
+    """write(exp) reads back equal to exp (all but the path), and writing that again gives the
+    same text."""
+    text = write_expectations(exp)
+    again = reload(tmp_path, text)
+    assert dataclasses.replace(exp, path=again.path) == again
+    assert write_expectations(again) == text
+    return text
+
+
+# ---- the shipped ledger ---------------------------------------------------------------------
+
+
+def test_glm_round_trip(tmp_path):
+    glm = load_expectations(GLM)
+    text = assert_round_trip(tmp_path, glm)
+    # the file's formulas and forms survive, not just their values
+    for line in (
+        'moe_layers = "layers - dense_layers"',
+        'marker_op = "sampling"',
+        "exclude_nvtx = '(?i)prefill|extend|warm.?up|capture'",
+        'gemm = { n = 2624, k = "hidden" }',
+        'gemm = [{ n = 512, k = 192, kind = "grouped" }, { n = 256, k = 512, kind = "grouped" }]',
+        'gemm = { kind = "grouped" }',
+        "fallback = true",
+        "patterns = ['deep_ep::']",
+        "patterns = ['fused_rope(?:_store)?_kernel', 'ApplyRotary', 'rotary_embedding', 'apply_rope']",
+        "  'all_reduce_(?:one|two)_shot\\w*_kernel',",
+        'expected = "2 * layers"',
+        'max_bytes = "1024 * 1024"',
+        "regex = '''(?:'Module': 'model\\.model\\.layers\\.|\\blayers[._]|\\blayer_)(\\d+)'''",
+        'layers = { first = "dense_layers", last = "layers - 1" }',
+        'layers = "0-2, 6-74/4"',
+        'count = "full_indexer_layers"',
+        'groups = { attention = "12-16", ffn = "7-9", deepep = 2 }',
+        'mlp = ["ffn", "deepep"]',
+        "step_entry_max_us = 10",
+    ):
+        assert line in text.splitlines(), line
+    # op declaration order is match priority: kept
+    assert list(reload(tmp_path, text).ops) == list(glm.ops)
+    assert text.index("[ops.deepgemm_dense]") < text.index("[ops.cublas_gemm]")
+
+
+def test_glm_written_sections_in_file_order():
+    glm = load_expectations(GLM)
+    text = write_expectations(glm)
+    headers = [line for line in text.splitlines() if line.startswith("[") and "." not in line]
+    assert headers == ["[model]", "[params]", "[steps]", "[total]", "[gaps]", "[h2d]", "[graphs]", "[ranks]",
+                       "[layers]"]
+    assert text.count("\n[ops.") == len(glm.ops)
+    assert text.count("\n[anchors.") == len(glm.anchors) == 6
+
+
+# ---- every section and value form, hand-written ----------------------------------------------
+
+EVERY_FORM = r"""
+[model]
+name = "every form"
+description = "two lines, a \"quote\", a \\ backslash\nand a tab\there.\n"
+
+[params]
+layers = 8
+dense = "min(2, layers)"
+moe = "layers - dense"
+half = "layers / 2"
+ratio = 0.75
+batch = 4
+
+[steps]
+method = "marker"
+marker = 'SamplingFrom(?:Prob|Logits)Kernel'
+exclude_nvtx = '(?i:prefill|warm.?up)'
+exclude_ops = ["prefill"]
+
+[ops.sampling]
+patterns = 'SamplingFromProbKernel'
+group = "step"
+
+[ops.norm]
+patterns = ["FusedAddRMSNormKernel", "fused_add_rms_?norm"]
+group = "attention"
+description = "it's the norm: 'quoted' and \"double\""
+
+[ops.proj]
+gemm = { n = "1024 * 2", k = 1024 }
+group = "attention"
+
+[ops.bmm]
+gemm = [{ n = 512, k = 192, kind = "grouped" }, { n = "half * 64", k = 512, kind = "batched" }]
+patterns = ["bmm_fp8"]
+group = "attention"
+
+[ops.moe_gemm]
+gemm = { kind = "masked" }
+group = "ffn"
+
+[ops.any_gemm]
+gemm = { n = 7, k = 9, kind = "any" }
+fallback = true
+patterns = ['gemm\w*', "it's"]
+group = "ffn"
+
+[ops.prefill]
+patterns = ["sparse_attn_fwd_kernel$"]
+group = "prefill"
+
+[anchors.sampling]
+expected = 1
+
+[anchors.norm]
+expected = "2 * layers"
+tolerance_pct = 10
+hint_low = "too few"
+hint_high = "too many"
+
+[anchors.proj]
+expected = "7-9"
+tolerance = "dense"
+
+[anchors.bmm]
+expected = [1, "moe * 2"]
+
+[anchors.moe_gemm]
+expected = { min = "moe" }
+
+[anchors.any_gemm]
+min = "dense"
+max = 40.5
+
+[anchors.prefill]
+max = 0
+
+[total]
+expected = "10 * layers"
+tolerance = 5
+hint_high = "more"
+
+[gaps]
+threshold_us = 1.5
+step_entry_per_launch = 2
+
+[h2d]
+per_step = { min = 1 }
+max_bytes = "64 * 1024"
+
+[graphs]
+launches_per_step = [1, "dense"]
+
+[ranks]
+max_imbalance_pct = 12.5
+
+[layers]
+regex = '''layers\.(\d+)'s'''
+opening_op = "norm"
+first_opening_op = "norm"
+opening_followed_by = "proj"
+closing_op = "norm"
+uniform = true
+
+[layers.modules]
+self_attn = "attention"
+"mlp.experts" = ["ffn", "attention"]
+
+[layers.classes.dense]
+layers = [0, "1-1", { first = 0, last = "dense - 1" }]
+count = "dense"
+groups = { attention = "3-5", ffn = 2 }
+
+[layers.classes.moe]
+layers = { first = "dense", last = "layers - 1", step = 1 }
+groups = { attention = { min = 3, max = "dense + 3" }, ffn = [2, 3] }
+
+[layers.classes.even]
+layers = "FSFS FSFS"
+
+[layers.classes.odd]
+layers = "1-7/2"
+"""
+
+MINIMAL = """
+[model]
+name = "minimal"
+
+[ops.x]
+patterns = ["x_kernel"]
+"""
+
+EAGER = """
+[model]
+name = "eager, NVTX steps, no graphs"
+
+[params]
+layers = 4
+
+[steps]
+method = "nvtx"
+nvtx = '^decode_step \\d+$'
+
+[ops.attention]
+patterns = ["flash_fwd"]
+group = "attention"
+
+[gaps]
+threshold_us = "5 * 100"
+
+[h2d]
+pageable_allowed = false
+
+[layers.classes.all]
+layers = "XXXX"
+groups = { attention = 1 }
+"""
+
+
+@pytest.mark.parametrize("text", [EVERY_FORM, MINIMAL, EAGER], ids=["every-form", "minimal", "eager"])
+def test_hand_written_round_trip(tmp_path, text):
+    exp = reload(tmp_path, text, "hand.toml")
+    assert_round_trip(tmp_path, exp)
+
+
+def test_every_form_values_and_written_forms(tmp_path):
+    exp = reload(tmp_path, EVERY_FORM, "hand.toml")
+    text = write_expectations(exp)
+    assert exp.description == 'two lines, a "quote", a \\ backslash\nand a tab\there.\n'
+    assert exp.ops["norm"].description == "it's the norm: 'quoted' and \"double\""
+    assert exp.ops["bmm"].gemm == (GemmShape(512, 192, "grouped"), GemmShape(256, 512, "batched"))
+    assert exp.ops["any_gemm"].fallback is True
+    anchors = {a.op: a for a in exp.anchors}
+    assert anchors["norm"].expected == Range(pytest.approx(14.4), pytest.approx(17.6))
+    assert anchors["proj"].expected == Range(5, 11)
+    assert anchors["bmm"].expected == Range(1, 12)
+    assert anchors["any_gemm"].expected == Range(2, 40.5)
+    assert exp.total == Range(75, 85)
+    assert exp.gap_threshold_ns == 1500
+    assert exp.step_entry_gaps == StepEntryGaps(per_launch=2, max_ns=None)
+    assert exp.h2d == H2DRule(Range(1, None), 65536, True)
+    assert exp.graph_launches_per_step == Range(1, 2)
+    assert exp.rank_imbalance_pct == 12.5
+    classes = {c.name: c.layers for c in exp.layer_classes}
+    assert classes == {"dense": (0, 1), "moe": (2, 3, 4, 5, 6, 7), "even": (0, 2, 4, 6), "odd": (1, 3, 5, 7)}
+    for line in (
+        'dense = "min(2, layers)"',
+        "ratio = 0.75",
+        "patterns = ['SamplingFromProbKernel']",
+        """patterns = ['gemm\\w*', '''it's''']""",
+        'gemm = { n = 7, k = 9, kind = "any" }',
+        'expected = "7-9"',
+        'tolerance = "dense"',
+        'expected = [1, "moe * 2"]',
+        'expected = { min = "moe" }',
+        "max = 40.5",
+        "tolerance_pct = 10",
+        "threshold_us = 1.5",
+        "per_step = { min = 1 }",
+        "max_imbalance_pct = 12.5",
+        "regex = '''layers\\.(\\d+)'s'''",
+        '"mlp.experts" = ["ffn", "attention"]',
+        'layers = [0, "1-1", { first = 0, last = "dense - 1" }]',
+        'layers = "FSFS FSFS"',
+    ):
+        assert line in text.splitlines(), line
+
+
+# ---- a ledger built in code (what `learn` will hand the writer) --------------------------------
+
+
+def built_in_code() -> Expectations:
+    ops = {
+        "norm": OpDef("norm", ("FusedAddRMSNormKernel",), "attention", "ops.norm",
+                      description="residual add + RMSNorm"),
+        "qkv": OpDef("qkv", (), "attention", "ops.qkv", gemm=(GemmShape(2624, 6144, "normal"),)),
+        "moe": OpDef("moe", ("fused_moe_kernel",), "ffn", "ops.moe", gemm=(GemmShape(None, None, "masked"),)),
+        "gemm": OpDef("gemm", ("nvjet_", "cutlass_\\d+_\\w*gemm"), "ffn", "ops.gemm", fallback=True),
+    }
+    return Expectations(
+        path="<learned>",
+        name="learned from 2 captures",
+        description="",
+        params={"layers": 61, "dense_layers": 3, "moe_layers": 58},
+        ops=ops,
+        anchors=(
+            Anchor("norm", "2 * layers", Range(122, 122), None, None, "anchors.norm"),
+            Anchor("moe", "moe_layers ± 2", Range(56, 60), None, None, "anchors.moe"),
+            Anchor("qkv", "9-12", Range(9, 12), None, None, "anchors.qkv"),
+            # the formula does not give the range (a stale formula): the numbers are written
+            Anchor("gemm", "layers", Range(3, 3), None, None, "anchors.gemm"),
+        ),
+        total=Range(900, 1300),
+        total_hint_low=None,
+        total_hint_high="an extra pass",
+        steps=StepRule("auto", None, "SamplingFromProbKernel", None, ()),
+        gap_threshold_ns=2500,
+        h2d=H2DRule(Range(2, 4), 4096, False),
+        graph_launches_per_step=Range(1, 1),
+        batch=None,
+        layer_regex=None,
+        layer_classes=(
+            LayerClass("dense", (0, 1, 2), {"attention": Range(12, 14)}, "layers.classes.dense"),
+            LayerClass("moe", tuple(range(3, 61)), {"attention": Range(12, 14), "ffn": Range(7, 9)},
+                       "layers.classes.moe"),
+        ),
+        layer_opening_op="norm",
+        layer_rule=LayerRule(uniform=True),
+        comments={
+            "params.layers": "61 layers seen in every step",
+            "anchors.norm.expected": "122 in 12 of 12 steps (stable)",
+            "anchors.moe": "varied 56-60 across steps:\nwritten as a range",
+            "total.expected": "912-1093 over 12 steps",
+        },
+    )
+
+
+def test_built_in_code_writes_formulas_ranges_and_comments(tmp_path):
+    exp = built_in_code()
+    text = write_expectations(exp)
+    lines = text.splitlines()
+    for line in (
+        "layers = 61  # 61 layers seen in every step",
+        'expected = "2 * layers"  # 122 in 12 of 12 steps (stable)',
+        'expected = "moe_layers"',
+        "tolerance = 2",
+        'expected = "9-12"',
+        'gemm = { n = 2624, k = 6144 }',
+        'gemm = { kind = "masked" }',
+        "patterns = ['nvjet_', 'cutlass_\\d+_\\w*gemm']",
+        "marker = 'SamplingFromProbKernel'",
+        "threshold_us = 2.5",
+        'per_step = "2-4"',
+        'layers = "0-2"',
+        'layers = "3-60"',
+        'groups = { attention = "12-14", ffn = "7-9" }',
+        'expected = "900-1300"  # 912-1093 over 12 steps',
+    ):
+        assert line in lines, line
+    # a comment with a line break goes above its table, line by line
+    moe = lines.index("[anchors.moe]")
+    assert lines[moe - 2:moe] == ["# varied 56-60 across steps:", "# written as a range"]
+    # the stale formula is not written: the number is
+    gemm = lines.index("[anchors.gemm]")
+    assert lines[gemm + 1] == "expected = 3"
+
+    loaded = reload(tmp_path, text)
+    # the only difference: the stale formula gave way to the number the model holds
+    changes = [(c.key, c.change, c.before, c.after) for c in diff_expectations(exp, loaded)]
+    assert changes == [("anchors.gemm", "changed", "3 (= layers)", "3")]
+    anchors = {a.op: a for a in loaded.anchors}
+    assert anchors["norm"].formula == "2 * layers"
+    assert anchors["moe"].formula == "moe_layers ± 2"
+    assert anchors["moe"].expected == Range(56, 60)
+    assert loaded.steps.marker_regex == "SamplingFromProbKernel"
+    assert loaded.ops["moe"].gemm == (GemmShape(None, None, "masked"),)
+    assert loaded.layer_rule == LayerRule(uniform=True)
+    # the writer's text is plain TOML a person can edit
+    assert tomllib.loads(text)["anchors"]["norm"] == {"expected": "2 * layers"}
+
+
+def test_a_changed_model_writes_its_new_numbers_not_the_files_formulas(tmp_path):
+    glm = load_expectations(GLM)
+    anchors = tuple(
+        dataclasses.replace(a, expected=Range(160, 160)) if a.op == "fused_add_rmsnorm" else a for a in glm.anchors
+    )
+    changed = dataclasses.replace(glm, anchors=anchors, params={**glm.params, "hidden": 7168})
+    text = write_expectations(changed)
+    assert "hidden = 7168" in text.splitlines()
+    section = text[text.index("[anchors.fused_add_rmsnorm]"):].splitlines()
+    assert section[1] == "expected = 160"
+    loaded = reload(tmp_path, text)
+    assert {a.op: a.expected for a in loaded.anchors}["fused_add_rmsnorm"] == Range(160, 160)
+    # o_proj's `n = "hidden"` now reads 7168, not the model's 6144: its numbers are written
+    assert loaded.ops["o_proj"].gemm == (GemmShape(6144, 2048, "normal"),)
+    assert "gemm = { n = 6144, k = 2048 }" in text.splitlines()
+
+
+def test_hostile_strings_round_trip(tmp_path):
+    exp = reload(tmp_path, MINIMAL, "hand.toml")
+    patterns = ("a'''b", "ends with '", "tab\there", 'quote " and \\ back', "ünïcode")
+    ops = {"x": dataclasses.replace(exp.ops["x"], patterns=patterns,
+                                    description='three """ quotes\nand \x1b escape')}
+    hostile = dataclasses.replace(exp, ops=ops, name="name with \u202e bidi and \x7f")
+    text = write_expectations(hostile)
+    assert "\x1b" not in text and "\x7f" not in text
+    loaded = reload(tmp_path, text)
+    assert loaded.ops["x"].patterns == patterns
+    assert loaded.ops["x"].description == 'three """ quotes\nand \x1b escape'
+    assert loaded.name == hostile.name
