@@ -330,8 +330,13 @@ def expectations_diff(a, b, as_json) -> None:
 @click.option("--format", "out_format", type=click.Choice(["sqlite", "parquetdir", "arrowdir"]), default="sqlite",
               show_default=True, help="sqlite: one file; parquetdir / arrowdir: a directory with one file per "
                                       "table, as `nsys export --type parquetdir` / `arrowdir` writes.")
+@click.option("--deepgemm-layout", type=click.Choice(["2025-02", "2025-07", "sglang-2026", "b200"]),
+              default="sglang-2026", show_default=True,
+              help="Name the DeepGEMM kernels as this build did: 2025-02 fp8_gemm_kernel<N, K, ...>, 2025-07 "
+                   "sm90_fp8_gemm_1d2d_impl<0, N, K, ...>, sglang-2026 the SGLang fork's <(cute::UMMA::Major)0, "
+                   "0, N, K, ...>, b200 sm100_fp8_fp4_gemm_1d1d_impl (dense GEMMs without their shape).")
 def synth(out, mode, steps, ranks, batch, seed, faults, step_nvtx, nsys_version, layerwise_nvtx, capture_batches,
-          clone_links, out_format) -> None:
+          clone_links, out_format, deepgemm_layout) -> None:
     """Write a synthetic nsys export of GLM-5.3 decode to OUT (SQLite, or a Parquet/Arrow directory)."""
     from nsys_ledger.synth import FAULTS, generate
     from nsys_ledger.synth.schema_eras import era_for_version
@@ -354,12 +359,14 @@ def synth(out, mode, steps, ranks, batch, seed, faults, step_nvtx, nsys_version,
         target = os.path.join(tmp, "export.sqlite") if columnar else out
         summary = generate(target, mode=mode, steps=steps, ranks=ranks, batch=batch, seed=seed, faults=tuple(faults),
                            step_nvtx=step_nvtx, nsys_version=nsys_version, layerwise_nvtx=layerwise_nvtx,
-                           capture_batch_sizes=(batch, *capture_batches), clone_links=clone_links)
+                           capture_batch_sizes=(batch, *capture_batches), clone_links=clone_links,
+                           deepgemm_layout=deepgemm_layout)
         if columnar:
             from nsys_ledger.synth.parquet_writer import write_columnar
 
             write_columnar(target, out, out_format)
-    click.echo(f"wrote {out}: {summary.describe() if hasattr(summary, 'describe') else summary}")
+    # describe(), not the record: the record lists every kernel name of the step
+    click.echo(f"wrote {out}: {summary.describe()}")
 
 
 if __name__ == "__main__":

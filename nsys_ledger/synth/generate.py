@@ -20,6 +20,10 @@ graph mode (`--cuda-graph-trace=node`)
     decode steps: 3 pinned H2D cudaMemcpyAsync, ONE cudaGraphLaunch (all its kernel rows share
     its correlationId and carry the exec node ids and the graph id), the sampling kernel
     launched eagerly, cudaEventRecord, cudaEventSynchronize on the previous step.
+    Step entry: the GPU runs the small copies in 1-2 µs and then waits for the launch: the
+    cudaGraphLaunch call (several µs for ~2000 nodes) returns after the copies ended, and the
+    first node starts 3-8 µs after the last copy (STEP_ENTRY_GAP_NS, fixed per step by the
+    seed; StepTruth.entry_gap_ns). Inside the replay nodes follow each other within 0.5-1 µs.
     SGLang captures its graphs at start-up, before it serves any request, so the capture comes
     before the prefill here. With `capture_batch_sizes` one graph is captured per batch size,
     largest first (each under its own layer-wise NVTX ranges, whose inputs carry that size),
@@ -36,7 +40,10 @@ eager mode
     waits for each pass before the next, so the GPU waits on the host: host bound, many
     small gaps.
 
-All timestamps are integer ns. Everything is deterministic for a given seed.
+All timestamps are integer ns. Everything is deterministic for a given seed. The timeline is
+the same in every export layout; the newest (2026.2) writes the activity tables' rows in
+buffer-interleaved order rather than by start, as nsys 2025.6+ may (readers must sort).
+DeepGEMM kernels are named in the layout of `deepgemm_layout` (synth/deepgemm.py).
 """
 
 from __future__ import annotations
@@ -83,6 +90,15 @@ SYNC_GAP_HOST_NS = 4_000
 GRAPH_GAP_NS = 5_000
 SPLIT_FAULTS = frozenset({"split_graph", "extra_gaps_graph"})  # faults that capture two graphs
 GAP_THRESHOLD_NS = 2_000
+# Step entry in graph mode: the GPU finishes the step's small pinned H2D copies in 1-2 µs and
+# then waits for cudaGraphLaunch, whose host call (submitting a ~2000-node graph) returns only
+# after the GPU went idle. The first replayed kernel starts this long after the last copy ended
+# (a per-step value drawn from the seed), about LAUNCH_TO_KERNEL_NS after the call returned.
+STEP_ENTRY_GAP_NS = (3_000, 8_000)
+LAUNCH_TO_KERNEL_NS = (300, 900)
+# host time of one cudaGraphLaunch: a fixed part plus the node submission (~7.5 µs for 2001 nodes)
+GRAPH_LAUNCH_BASE_NS = 2_500
+GRAPH_LAUNCH_PER_NODE_NS = 2.5
 
 VM_BITS = 1 << 48  # <HW:8=0><VM:8=1> as in the real exports
 PID_BASE = 2841
@@ -175,6 +191,13 @@ class StepTruth:
     sampling_correlation_id: int
     max_gap_ns: int  # largest device idle gap (all streams merged) inside [start, end]
     gaps_over_threshold: int  # gaps > GAP_THRESHOLD_NS inside [start, end]
+    # graph mode: device idle time from the end of the step's last H2D copy before its first
+    # replay to that replay's first kernel (the launch latency; STEP_ENTRY_GAP_NS when the host
+    # was on time). None in eager mode.
+    entry_gap_ns: int | None = None
+    # largest device idle gap from the first replayed kernel to the end of the step (the
+    # sampling kernel): what a healthy graph step keeps under GAP_THRESHOLD_NS
+    max_gap_after_entry_ns: int = 0
 
 
 @dataclass
@@ -216,9 +239,29 @@ class GenerateSummary:
     step_outside_layer_kernels: int = 0
     captured_batch_sizes: tuple[int, ...] = ()  # graph mode: one captured graph per size
     clone_links: int = 1  # graph mode: links from an exec node back to its capture node
+    deepgemm_layout: str = S.DEFAULT_DEEPGEMM_LAYOUT  # how the DeepGEMM kernels are named
+    schema_era: str = ERA_2026_2.name  # the nsys export layout written
+    # graph mode: StepTruth.entry_gap_ns of every decode step, in step_truth order
+    step_entry_gaps_ns: tuple[int, ...] = ()
 
     def steps_of(self, rank: int = 0) -> list[StepTruth]:
         return [s for s in self.step_truth if s.rank == rank]
+
+    def describe(self) -> str:
+        """One line for a terminal (after the file name): mode, steps, kernels per step, the
+        step-entry launch gap, faults, DeepGEMM and export layouts."""
+        ranks = f" x {self.ranks} ranks" if self.ranks > 1 else ""
+        per_step = f"{self.kernels_per_step} kernels per step"
+        if self.graph_kernels_per_step:
+            per_step += f" ({self.graph_kernels_per_step} replayed + sampling)"
+        entry = ""
+        if self.step_entry_gaps_ns:
+            lo, hi = min(self.step_entry_gaps_ns), max(self.step_entry_gaps_ns)
+            entry = f", step-entry launch gap {lo / 1000:.1f}-{hi / 1000:.1f} us"
+        faults = ", ".join(self.faults) if self.faults else "none"
+        return (f"{self.mode} mode, {self.steps} decode steps{ranks}, {per_step}"
+                f"{entry}, faults: {faults}, DeepGEMM layout {self.deepgemm_layout}, "
+                f"{self.schema_era} export")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -305,9 +348,12 @@ class _Rank:
         self.graph_execs: dict[int, int] = {}
         self.capture_nodes = 0
         scale = cfg.slow_factor if cfg.slow_rank == rank else 1.0
-        self.decode_graph = S.decode_schedule(cfg.batch, cfg.faults, alt_streams=True)
-        self.decode_eager = S.decode_schedule(cfg.batch, cfg.faults, alt_streams=False)
-        self.prefill = S.prefill_schedule(cfg.batch, cfg.faults)
+        layout = cfg.deepgemm_layout
+        self.decode_graph = S.decode_schedule(cfg.batch, cfg.faults, alt_streams=True,
+                                              deepgemm_layout=layout)
+        self.decode_eager = S.decode_schedule(cfg.batch, cfg.faults, alt_streams=False,
+                                              deepgemm_layout=layout)
+        self.prefill = S.prefill_schedule(cfg.batch, cfg.faults, deepgemm_layout=layout)
         if scale != 1.0:
             self.decode_graph = S.with_durations(self.decode_graph, scale)
             self.decode_eager = S.with_durations(self.decode_eager, scale)
@@ -387,6 +433,7 @@ class _Config:
     # decode replays the one of `batch`), and the clone links from an exec node to its capture node
     capture_batch_sizes: tuple[int, ...] = ()
     clone_links: int = 1
+    deepgemm_layout: str = S.DEFAULT_DEEPGEMM_LAYOUT
 
     def sid(self, s: str) -> int:
         return self.writer.string_id(s)
@@ -608,20 +655,39 @@ def _localize(part: S.Schedule, lo: int) -> S.Schedule:
     return replace(part, kernels=ks)
 
 
-def _graph_replay(rs: _Rank, g: dict, gaps: dict | None, step: int) -> Iterator:
-    """One cudaGraphLaunch: every node becomes a kernel row sharing the launch's correlationId."""
+def step_entry_gap_ns(seed: int, rank: int, step: int) -> int:
+    """The step-entry launch gap planned for decode `step` of `rank`: within STEP_ENTRY_GAP_NS,
+    fixed by the seed, drawn apart from the rank's random stream (the rest of the timeline
+    does not move when this rule changes)."""
+    lo, hi = STEP_ENTRY_GAP_NS
+    return int(np.random.default_rng([seed, rank, step, 0xE47]).integers(lo, hi + 1))
+
+
+def _graph_replay(rs: _Rank, g: dict, gaps: dict | None, step: int,
+                  entry_after: _Op | None = None) -> Iterator:
+    """One cudaGraphLaunch: every node becomes a kernel row sharing the launch's correlationId.
+
+    entry_after: the step's last H2D copy when this is the step's first replay. The launch
+    call is then timed from the device: it returns after that copy ended, and the first node
+    runs step_entry_gap_ns after the copy (later only if the host itself arrives late)."""
     part: S.Schedule = g["part"]
     if "static" not in g:
         g["static"] = [(k.kernel, _stream_of(k), k.deps, node)
                        for k, node in zip(part.kernels, g["nodes"])]
         g["durs"] = np.array([k.dur_ns for k in part.kernels], dtype=np.float64)
-    rs.t += rs.u(2_000, 5_000)
-    start, _end, corr = rs.api(_launch_api(rs.cfg, API_GRAPH_LAUNCH), rs.u(18_000, 30_000))
-    rs.cur.launches.append(corr)
     n = len(part.kernels)
+    rs.t += rs.u(2_000, 5_000)  # build the replay's inputs
+    launch_ns = int(GRAPH_LAUNCH_BASE_NS + GRAPH_LAUNCH_PER_NODE_NS * n) + rs.u(0, 1_500)
+    to_kernel = rs.u(*LAUNCH_TO_KERNEL_NS)
+    if entry_after is not None:
+        first_kernel = entry_after.end + step_entry_gap_ns(rs.cfg.seed, rs.rank, step)
+        # the host's work before the call ends where the call must start to return on time
+        rs.t = max(rs.t, first_kernel - to_kernel - launch_ns)
+    _start, end, corr = rs.api(_launch_api(rs.cfg, API_GRAPH_LAUNCH), launch_ns)
+    rs.cur.launches.append(corr)
     durs = (g["durs"] * rs.jitter(n)).astype(np.int64).tolist()
     gaps_ns = rs.rng.integers(500, 1_001, n).tolist()
-    earliest = start + rs.u(5_000, 8_000)
+    earliest = end + to_kernel
     graph = g["graph"]
     lo = g["lo"]
     ops: list[_Op] = []
@@ -700,7 +766,8 @@ def _rank_program(rs: _Rank) -> Iterator:
             parts = [(0, len(rs.decode_graph.kernels))]
         for bs in cfg.capture_batch_sizes or (cfg.batch,):
             # one graph per captured batch size; its layer-wise NVTX text carries that size
-            sched = rs.decode_graph if bs == cfg.batch else S.decode_schedule(bs, cfg.faults)
+            sched = rs.decode_graph if bs == cfg.batch else S.decode_schedule(
+                bs, cfg.faults, deepgemm_layout=cfg.deepgemm_layout)
             captured = _capture(rs, sched, parts)
             if bs == cfg.batch:
                 graphs = captured
@@ -728,7 +795,8 @@ def _rank_program(rs: _Rank) -> Iterator:
             for gi, g in enumerate(graphs):
                 if gi > 0 and "split_graph" in cfg.faults:  # a small H2D copy between the replays
                     yield from _h2d(rs, CopyTruth("split_metadata", cfg.batch * 4, False))
-                yield from _graph_replay(rs, g, gaps, step)
+                entry = rs.cur.copies[-1] if gi == 0 else None
+                yield from _graph_replay(rs, g, gaps, step, entry_after=entry)
         else:
             yield from _eager_forward(rs, rs.decode_eager, nvtx=cfg.layerwise_nvtx, gaps=gaps,
                                       step=step)
@@ -808,6 +876,30 @@ def _kernel_static(kt: S.KernelType, cfg: _Config) -> tuple:
             *kt.grid, *kt.block, kt.static_smem, kt.dyn_smem, 0, 250_871_808), executed
 
 
+# Activity buffers: how many records one holds before it is handed over (rows of one buffer
+# stay in order; buffers of different streams or threads interleave)
+_BUFFER_ROWS = (24, 160)
+
+
+def _buffer_interleaved(rows: list[tuple], key: int, rng: np.random.Generator) -> list[tuple]:
+    """`rows` in the order an export that does not sort them may hold: cut per `row[key]`
+    (stream or thread) into buffers of _BUFFER_ROWS records each, the buffers in a shuffled
+    order. Deterministic for a given rng state."""
+    by_key: dict[object, list[tuple]] = {}
+    for r in rows:
+        by_key.setdefault(r[key], []).append(r)
+    buffers: list[list[tuple]] = []
+    for k in sorted(by_key, key=lambda v: (v is None, v)):
+        own = by_key[k]
+        at = 0
+        while at < len(own):
+            size = int(rng.integers(_BUFFER_ROWS[0], _BUFFER_ROWS[1] + 1))
+            buffers.append(own[at:at + size])
+            at += size
+    order = rng.permutation(len(buffers))
+    return [r for i in order for r in buffers[i]]
+
+
 class _RowSink:
     def __init__(self, cfg: _Config):
         self.cfg = cfg
@@ -815,6 +907,9 @@ class _RowSink:
         self._static: dict[str, tuple] = {}
         self._chains: dict[str, int] = {}  # API name -> CUDA_CALLCHAINS id (2022 backtraces)
         self.graph_level = cfg.cuda_graph_trace == "graph"
+        # a stream of its own, so the row order never moves the timeline
+        self.order_rng = None if cfg.writer.era.rows_in_time_order else \
+            np.random.default_rng([cfg.seed, 0x0DE2])
 
     def static(self, kt: S.KernelType) -> tuple:
         v = self._static.get(kt.key)
@@ -850,21 +945,29 @@ class _RowSink:
                 krows.append((op.start, op.end, rs.device, rs.ctx, 0, op.stream, op.corr,
                                rs.gpid, *st, rs.grid_id, executed, op.node, 0, op.graph,
                                cl[0], cl[1], cl[2], 1, 8 if cl[0] else 0, 0, "[]"))
+        runtime, syncs = rs.runtime, rs.syncs
+        if self.order_rng is not None:
+            rng = self.order_rng
+            krows = _buffer_interleaved(krows, KERNEL_COLS.index("streamId"), rng)
+            crows = _buffer_interleaved(crows, MEMCPY_COLS.index("streamId"), rng)
+            grows = _buffer_interleaved(grows, GRAPH_TRACE_COLS.index("streamId"), rng)
+            runtime = _buffer_interleaved(runtime, RUNTIME_COLS.index("globalTid"), rng)
+            syncs = _buffer_interleaved(syncs, SYNC_COLS.index("streamId"), rng)
         if krows:
             w.insert("CUPTI_ACTIVITY_KIND_KERNEL", KERNEL_COLS, krows)
         if crows:
             w.insert("CUPTI_ACTIVITY_KIND_MEMCPY", MEMCPY_COLS, crows)
         if grows:
             w.insert("CUPTI_ACTIVITY_KIND_GRAPH_TRACE", GRAPH_TRACE_COLS, grows)
-        if rs.runtime:
-            w.insert("CUPTI_ACTIVITY_KIND_RUNTIME", RUNTIME_COLS, rs.runtime)
+        if runtime:
+            w.insert("CUPTI_ACTIVITY_KIND_RUNTIME", RUNTIME_COLS, runtime)
             if w.era.backtrace_rows:
                 w.insert("CUPTI_ACTIVITY_KIND_RUNTIME", RUNTIME_COLS + ("callchainId",),
-                         self.backtrace_rows(rs.runtime))
+                         self.backtrace_rows(runtime))
         if rs.nvtx:
             w.insert("NVTX_EVENTS", NVTX_COLS, rs.nvtx)
-        if rs.syncs:
-            w.insert("CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", SYNC_COLS, rs.syncs)
+        if syncs:
+            w.insert("CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", SYNC_COLS, syncs)
         if rs.node_events and not self.graph_level:
             w.insert(w.era.graph_node_table, NODE_EVENT_COLS, rs.node_events)
         if rs.graph_events and w.era.graph_event_table:  # no graph-level table up to 2023.3
@@ -932,7 +1035,8 @@ def generate(out_path: str | Path, *, mode: str = "graph", steps: int = 8, ranks
              layerwise_nvtx: bool = True, era: SchemaEra = ERA_2026_2,
              vacuum: bool = False, nsys_version: str | None = None,
              capture_batch_sizes: tuple[int, ...] | None = None,
-             clone_links: int = 1) -> GenerateSummary:
+             clone_links: int = 1,
+             deepgemm_layout: str = S.DEFAULT_DEEPGEMM_LAYOUT) -> GenerateSummary:
     """Write one synthetic nsys export of SGLang GLM-5.3 decode and return the truth about it.
 
     mode: "graph" (decode replayed from CUDA graphs, `--cuda-graph-trace=node`) or "eager".
@@ -943,7 +1047,9 @@ def generate(out_path: str | Path, *, mode: str = "graph", steps: int = 8, ranks
     see synth/schema_eras.py) instead of `era`. The timeline is the same in every layout.
     capture_batch_sizes (graph mode): capture one decode graph per batch size, largest first
     (must include `batch`, the one decode replays). clone_links (graph mode): clone links from
-    each exec node back to the node created at capture (instantiation may clone several times)."""
+    each exec node back to the node created at capture (instantiation may clone several times).
+    deepgemm_layout: the DeepGEMM build whose kernel names the trace carries, one of
+    synth.deepgemm.DEEPGEMM_LAYOUTS ("2025-02", "2025-07", "sglang-2026" (default), "b200")."""
     t_begin = time.perf_counter()
     sizes = tuple(sorted(set(capture_batch_sizes or (batch,)), reverse=True))
     if batch not in sizes:
@@ -969,11 +1075,13 @@ def generate(out_path: str | Path, *, mode: str = "graph", steps: int = 8, ranks
         raise ValueError("extra_gaps_collective needs mode='graph'")
     if slow_rank is not None and not 0 <= slow_rank < ranks:
         raise ValueError("slow_rank must name one of the ranks")
+    S.check_layout(deepgemm_layout)
     out_path = Path(out_path)
     writer = SqliteTraceWriter(out_path, era)
     cfg = _Config(mode, steps, ranks, batch, seed, frozenset(faults), step_nvtx, prefill,
                   cuda_graph_trace, slow_rank, slow_factor, layerwise_nvtx, writer,
-                  capture_batch_sizes=sizes, clone_links=clone_links)
+                  capture_batch_sizes=sizes, clone_links=clone_links,
+                  deepgemm_layout=deepgemm_layout)
     rks = [_Rank(r, cfg) for r in range(ranks)]
     sink = _RowSink(cfg)
     gens = [_rank_program(rs) for rs in rks]
@@ -1040,7 +1148,10 @@ def generate(out_path: str | Path, *, mode: str = "graph", steps: int = 8, ranks
         step_layer_kernels=tuple(sched.layer_counts()),
         step_outside_layer_kernels=len(sched.kernels) + 1 - sum(sched.layer_counts()),
         captured_batch_sizes=sizes if mode == "graph" else (),
-        clone_links=clone_links if mode == "graph" else 0)
+        clone_links=clone_links if mode == "graph" else 0,
+        deepgemm_layout=deepgemm_layout, schema_era=era.name,
+        step_entry_gaps_ns=tuple(t.entry_gap_ns for t in truth_steps
+                                 if t.entry_gap_ns is not None))
     return summary
 
 
@@ -1054,8 +1165,17 @@ def _step_truth(rs: _Rank, p: _PassRecord) -> StepTruth:
     start = min(o.start for o in p.copies)
     end = p.sampling.end
     max_gap, n_over, _ = _merged_gaps(p.ops, start, end)
+    entry_gap = None
+    after_entry = max_gap
+    replayed = [o for o in p.ops if o.graph is not None]
+    if replayed:
+        first = min(o.start for o in replayed)
+        last_copy_end = max(o.end for o in p.copies if o.start < first)
+        entry_gap = first - last_copy_end
+        after_entry = _merged_gaps(p.ops, first, end)[0]
     return StepTruth(rs.rank, p.step, start, end, sum(1 for o in p.ops if o.kind == "k"),
-                     len(p.copies), tuple(p.launches), p.sampling.corr, max_gap, n_over)
+                     len(p.copies), tuple(p.launches), p.sampling.corr, max_gap, n_over,
+                     entry_gap, after_entry)
 
 
 def _injected(rs: _Rank, p: _PassRecord) -> list[InjectedGap]:

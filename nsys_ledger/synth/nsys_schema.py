@@ -1001,6 +1001,10 @@ class SchemaEra:
     gpu_table: str = "TARGET_INFO_GPU"  # TARGET_INFO_CUDA_GPU before 2021.4
     driver_launches: bool = False  # kernels and graphs launched through the driver API (2021)
     backtrace_rows: bool = False  # eventClass 67 CUDA backtrace duplicates of runtime calls (2022)
+    # Older exports hold the activity tables in time order; nsys 2025.6+ may write their rows
+    # in any order (activity buffers land per stream or thread, as they fill), so a reader must
+    # sort. False: the generator writes them in a deterministic buffer-interleaved order.
+    rows_in_time_order: bool = True
 
     def has(self, table: str) -> bool:
         return table in self.ddl
@@ -1029,6 +1033,7 @@ def _era_2026_2() -> SchemaEra:
         # PROCESS_0:CUDA_GRAPH_TRACE_OPTIONS:MODE. We write both so either reader finds it.
         graph_mode_keys=("CUDA_GRAPH_TRACE_OPTIONS:MODE", "PROCESS_0:CUDA_GRAPH_TRACE_OPTIONS:MODE"),
         provenance=prov,
+        rows_in_time_order=False,
     )
 
 

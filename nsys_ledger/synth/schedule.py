@@ -7,12 +7,14 @@ This is the generator's own statement of what SGLang launches for one forward pa
 from the expectation file (see ARCHITECTURE.md): the checker judges the generator's output
 against the expectations, and two artifacts written from the same seed catch each other.
 
-Kernel names are written the way nsys 2026 demangles them (its own demangler, not c++filt):
-integral template arguments appear as `(unsigned int)2624`, `(int)64`, `(bool)0`, parameters
-that use a template parameter are printed as `T2 *`, pointers with a space before `*`.
-This is what the real 2026.2 export in /work/shared/real_traces shows, e.g.
-`void at::native::vectorized_gather_kernel<(int)16, long>(char *, char *, T2 *, int, ...)`.
-A regex written against c++filt output (`2624u`) will not match these names.
+Kernel names are structure (`KernelName`, synth/names.py), spelled by the writer: an SQLite
+export gets nsys's demangler (`(unsigned int)2624`, `(bool)0`, `T2 *` placeholders, `float *`),
+as the real 2026.2 export in /work/shared/real_traces shows, e.g.
+`void at::native::vectorized_gather_kernel<(int)16, long>(char *, char *, T2 *, int, ...)`;
+a Kineto trace would get c++filt's (`2624u`, `true`, `float*`). Where
+/work/shared/reference/real-kernel-names.tsv holds a real name for a kernel, the name here is
+that one (rows cited at each kernel). The DeepGEMM GEMMs come in the layout of a chosen build
+(synth/deepgemm.py; default the January 2026 SGLang fork's).
 
 Per decode pass (batch 32), healthy:
   attention   14 x 78 = 1092  (sparse MLA = split-KV kernel + combine kernel, query absorption
@@ -32,6 +34,18 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
+
+from nsys_ledger.synth.deepgemm import (
+    DEFAULT_DEEPGEMM_LAYOUT,
+    GLM_GEMMS,
+    GlmGemm,
+    check_layout,
+    deepgemm_name,
+    glm_config,
+)
+from nsys_ledger.synth.deepgemm import short_name as deepgemm_short_name
+from nsys_ledger.synth.names import NSYS, KernelName, bool_, enum, int_, plain, type_, uint
 
 # --------------------------------------------------------------------------------------------
 # Model facts
@@ -72,10 +86,14 @@ def _pseudo_mangled(name: str) -> str:
 
 @dataclass(frozen=True)
 class KernelType:
-    """One distinct GPU kernel (one demangled name) with its launch configuration."""
+    """One distinct GPU kernel with its launch configuration.
+
+    `spelled` is the name as structure; `name` is its nsys spelling (what an SQLite export's
+    demangledName holds, and what the generator's truth reports). A writer for another format
+    asks `name_in(style)`."""
 
     key: str
-    name: str  # demangledName, nsys 2026 style
+    spelled: KernelName
     short: str  # shortName
     api: str  # launch API name (CUPTI_ACTIVITY_KIND_RUNTIME nameId value)
     grid: tuple[int, int, int]
@@ -86,10 +104,16 @@ class KernelType:
     cluster: tuple[int, int, int] = (0, 0, 0)
     collective: bool = False  # waits for its peers on the other ranks
     mangled: str = ""
+    name: str = field(init=False, default="")  # demangledName, nsys style
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "name", self.spelled.render(NSYS))
         if not self.mangled:
             object.__setattr__(self, "mangled", _pseudo_mangled(self.name))
+
+    def name_in(self, style: str) -> str:
+        """The demangled name as the demangler of `style` spells it ("nsys" or "cxxfilt")."""
+        return self.name if style == NSYS else self.spelled.render(style)
 
     @property
     def event_class(self) -> int:
@@ -97,23 +121,8 @@ class KernelType:
         return 1 if self.api.startswith("cu") and not self.api.startswith("cuda") else 0
 
 
-def _u(*vals: int) -> str:
-    return ", ".join(f"(unsigned int){v}" for v in vals)
-
-
-def _deepgemm(key: str, gemm_type: int, n: int, k: int, *, groups: int = 1, block_m: int = 64,
-              block_n: int = 128, stages: int = 8, grid: int = 132) -> KernelType:
-    """DeepGEMM FP8 1D2D GEMM (sm90). Template: GemmType, SHAPE_M (0: runtime), SHAPE_N,
-    SHAPE_K, BLOCK_M, BLOCK_N, BLOCK_K, kNumGroups, stages, last stages, TMA threads, math
-    threads, TMA multicast, multicast on A, epilogue."""
-    name = (
-        "void deep_gemm::sm90_fp8_gemm_1d2d_impl<(deep_gemm::GemmType)%d, %s, (bool)0, "
-        "deep_gemm::EpilogueIdentity>(float *, int *, unsigned int, unsigned int, unsigned int, "
-        "CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap)"
-        % (gemm_type, _u(0, n, k, block_m, block_n, 128, groups, stages, 0, 128, 256, 1))
-    )
-    return KernelType(key, name, "sm90_fp8_gemm_1d2d_impl", DRV_LAUNCH_EX, (grid, 1, 1),
-                      (384, 1, 1), 168, 0, 205_856, cluster=(1, 1, 1))
+def _k(qualname: str, args: tuple | None, params: str | None) -> KernelName:
+    return KernelName(qualname, args, params)
 
 
 _K: dict[str, KernelType] = {}
@@ -125,200 +134,227 @@ def _reg(kt: KernelType) -> KernelType:
     return kt
 
 
-# ---- norms (flashinfer via sgl-kernel) -----------------------------------------------------
+_BF16 = type_("__nv_bfloat16")
+
+# ---- norms (flashinfer via sgl-kernel; TSV rows 80, 81) --------------------------------------
 FUSED_ADD_RMSNORM = _reg(KernelType(
     "fused_add_rmsnorm",
-    "void flashinfer::norm::FusedAddRMSNormKernel<(unsigned int)8, __nv_bfloat16>"
-    "(T2 *, T2 *, T2 *, unsigned int, unsigned int, unsigned int, float, float)",
+    _k("flashinfer::norm::FusedAddRMSNormKernel", (uint(8), _BF16),
+       "T2 *, T2 *, T2 *, unsigned int, unsigned int, unsigned int, float, float"),
     "FusedAddRMSNormKernel", RT_LAUNCH_EX, (32, 1, 1), (32, 24, 1), 40, 0, 24_672))
 RMSNORM = _reg(KernelType(
     "rmsnorm",
-    "void flashinfer::norm::RMSNormKernel<(unsigned int)8, __nv_bfloat16>"
-    "(T2 *, T2 *, T2 *, unsigned int, unsigned int, unsigned int, unsigned int, float, float)",
+    _k("flashinfer::norm::RMSNormKernel", (uint(8), _BF16),
+       "T2 *, T2 *, T2 *, unsigned int, unsigned int, unsigned int, float, float"),
     "RMSNormKernel", RT_LAUNCH_EX, (32, 1, 1), (32, 8, 1), 32, 0, 0))
 LAYERNORM = _reg(KernelType(
     "layernorm",
-    "void at::native::<unnamed>::vectorized_layer_norm_kernel<c10::BFloat16, float, (bool)0>"
-    "(int, T2, const T1 *, const T1 *, const T1 *, T2 *, T2 *, T1 *)",
+    _k("at::native::<unnamed>::vectorized_layer_norm_kernel",
+       (type_("c10::BFloat16"), type_("float"), bool_(False)),
+       "int, T2, const T1 *, const T1 *, const T1 *, T2 *, T2 *, T1 *"),
     "vectorized_layer_norm_kernel", RT_LAUNCH, (32, 1, 1), (32, 4, 1), 38))
 
-# ---- GEMMs -----------------------------------------------------------------------------------
-QKV_A_GEMM = _reg(_deepgemm("gemm_qkv_a", 0, 2624, 6144, grid=21))
-Q_B_GEMM = _reg(_deepgemm("gemm_q_b", 0, 2048, 2048, grid=16))
-O_PROJ_GEMM = _reg(_deepgemm("gemm_o_proj", 0, 6144, 2048, grid=48))
-WQ_B_GEMM = _reg(_deepgemm("gemm_indexer_wq_b", 0, 4096, 2048, grid=32))
-SHARED_GATE_UP_GEMM = _reg(_deepgemm("gemm_shared_gate_up", 0, 512, 6144, grid=4))
-SHARED_DOWN_GEMM = _reg(_deepgemm("gemm_shared_down", 0, 6144, 256, grid=48, stages=4))
-DENSE_GATE_UP_GEMM = _reg(_deepgemm("gemm_dense_gate_up", 0, 3072, 6144, grid=24))
-DENSE_DOWN_GEMM = _reg(_deepgemm("gemm_dense_down", 0, 6144, 1536, grid=48))
-# routed experts under DeepEP low latency: masked grouped GEMM over the 32 local experts
-MOE_GATE_UP_MASKED = _reg(_deepgemm("gemm_moe_gate_up_masked", 2, 4096, 6144, groups=32,
-                                    grid=132))
-MOE_DOWN_MASKED = _reg(_deepgemm("gemm_moe_down_masked", 2, 6144, 2048, groups=32, grid=132))
-# prefill: contiguous grouped GEMM
-MOE_GATE_UP_CONTIG = _reg(_deepgemm("gemm_moe_gate_up_contig", 1, 4096, 6144, groups=32,
-                                    block_m=128, grid=132))
-MOE_DOWN_CONTIG = _reg(_deepgemm("gemm_moe_down_contig", 1, 6144, 2048, groups=32,
-                                 block_m=128, grid=132))
+# ---- DeepGEMM GEMMs: names from the layout of the build (synth/deepgemm.py) -----------------
+# Each layout spells the same GEMMs differently; `deepgemm_kernels(layout)` makes them.
+def _deepgemm_kernel(g: GlmGemm, layout: str) -> KernelType:
+    cfg = glm_config(g, layout)
+    block = (384, 1, 1) if cfg.math_threads == 256 else (256, 1, 1)
+    return KernelType(g.key, deepgemm_name(cfg, layout), deepgemm_short_name(layout),
+                      DRV_LAUNCH_EX, (cfg.num_sms, 1, 1), block, 168, 0, 205_856,
+                      cluster=(cfg.multicast, 1, 1))
 
-# cuBLAS (C-style kernel names: demangled == short == mangled)
-_NVJET_Q_ABSORB = "nvjet_tst_64x32_64x16_4x1_v_bz_TNT"
-_NVJET_O_ABSORB = "nvjet_tst_64x64_64x8_2x1_v_bz_NNT"
+
+@lru_cache(maxsize=None)
+def deepgemm_kernels(layout: str = DEFAULT_DEEPGEMM_LAYOUT) -> dict[str, KernelType]:
+    """The DeepGEMM kernels of the GLM-5.3 forward pass, spelled in `layout`, by schedule key."""
+    check_layout(layout)
+    return {g.key: _deepgemm_kernel(g, layout) for g in GLM_GEMMS}
+
+
+# cuBLAS (C-style kernel names: demangled == short == mangled). The absorption GEMMs are the
+# torch.bmm -> cuBLAS nvjet kernels of an SGLang v0.5.9 MLA decode (TSV rows 8, 9).
+_NVJET_Q_ABSORB = "nvjet_tst_256x8_64x6_2x1_v_bz_TNT"
+_NVJET_O_ABSORB = "nvjet_tst_128x8_64x12_1x1_h_bz_TNT"
 _NVJET_WK = "nvjet_tst_64x8_64x16_2x1_v_bz_splitK_TNT"
 _NVJET_LM_HEAD = "nvjet_tst_128x256_64x4_2x1_v_bz_coopA_TNT"
 _CUBLAS_ROUTER = ("sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize32x32x8_stage3_warpsize1x2x1_"
                   "ffma_aligna4_alignc4_execute_kernel__5x_cublas")
-Q_ABSORB_BMM = _reg(KernelType("bmm_q_absorb", _NVJET_Q_ABSORB, _NVJET_Q_ABSORB, RT_LAUNCH,
+Q_ABSORB_BMM = _reg(KernelType("bmm_q_absorb", plain(_NVJET_Q_ABSORB), _NVJET_Q_ABSORB, RT_LAUNCH,
                                (4, 1, 8), (128, 1, 1), 168, 0, 49_152))
-O_ABSORB_BMM = _reg(KernelType("bmm_o_absorb", _NVJET_O_ABSORB, _NVJET_O_ABSORB, RT_LAUNCH,
+O_ABSORB_BMM = _reg(KernelType("bmm_o_absorb", plain(_NVJET_O_ABSORB), _NVJET_O_ABSORB, RT_LAUNCH,
                                (4, 1, 8), (128, 1, 1), 168, 0, 65_536))
-INDEXER_WK_GEMM = _reg(KernelType("gemm_indexer_wk_weights", _NVJET_WK, _NVJET_WK, RT_LAUNCH,
-                                  (3, 1, 8), (128, 1, 1), 154, 0, 98_304))
-LM_HEAD_GEMM = _reg(KernelType("gemm_lm_head", _NVJET_LM_HEAD, _NVJET_LM_HEAD, RT_LAUNCH,
+INDEXER_WK_GEMM = _reg(KernelType("gemm_indexer_wk_weights", plain(_NVJET_WK), _NVJET_WK,
+                                  RT_LAUNCH, (3, 1, 8), (128, 1, 1), 154, 0, 98_304))
+LM_HEAD_GEMM = _reg(KernelType("gemm_lm_head", plain(_NVJET_LM_HEAD), _NVJET_LM_HEAD, RT_LAUNCH,
                                (76, 1, 1), (384, 1, 1), 168, 0, 213_248, cluster=(2, 1, 1)))
-ROUTER_GEMM = _reg(KernelType("gemm_router", _CUBLAS_ROUTER, _CUBLAS_ROUTER, RT_LAUNCH,
+ROUTER_GEMM = _reg(KernelType("gemm_router", plain(_CUBLAS_ROUTER), _CUBLAS_ROUTER, RT_LAUNCH,
                               (8, 1, 12), (64, 1, 1), 126, 0, 16_896))
 
 # ---- attention -------------------------------------------------------------------------------
 ROPE = _reg(KernelType(
     "rope",
-    "void flashinfer::BatchQKApplyRotaryPosIdsCosSinCacheHeadParallelismKernel<(bool)0, "
-    "(unsigned int)64, (unsigned int)8, (unsigned int)16, __nv_bfloat16, long>(T5 *, T5 *, T5 *, "
-    "T5 *, float *, T6 *, unsigned int, unsigned int, unsigned int, unsigned int, unsigned long, "
-    "unsigned long, unsigned long, unsigned long, unsigned long, unsigned long, unsigned long, "
-    "unsigned long)",
+    _k("flashinfer::BatchQKApplyRotaryPosIdsCosSinCacheHeadParallelismKernel",
+       (bool_(False), uint(64), uint(8), uint(16), _BF16, type_("long")),
+       "T5 *, T5 *, T5 *, T5 *, float *, T6 *, unsigned int, unsigned int, unsigned int, "
+       "unsigned int, unsigned long, unsigned long, unsigned long, unsigned long, unsigned long, "
+       "unsigned long, unsigned long, unsigned long"),
     "BatchQKApplyRotaryPosIdsCosSinCacheHeadParallelismKernel", RT_LAUNCH_EX, (32, 9, 1),
     (8, 16, 1), 40))
-KV_WRITE = _reg(KernelType("set_mla_kv_buffer", "set_mla_kv_buffer_kernel",
+KV_WRITE = _reg(KernelType("set_mla_kv_buffer", plain("set_mla_kv_buffer_kernel"),
                            "set_mla_kv_buffer_kernel", DRV_LAUNCH_EX, (32, 1, 1), (128, 1, 1), 24))
 SPARSE_MLA_DECODE = _reg(KernelType(
     "sparse_mla_decode",
-    "void sm90::decode::sparse_fp8::flash_fwd_splitkv_mla_fp8_sparse_kernel<cutlass::bfloat16_t, "
-    "(int)64, (int)512, (int)576, (int)2048>(flash::DecodingParams, "
-    "sm90::decode::sparse_fp8::TmaParams)",
+    _k("sm90::decode::sparse_fp8::flash_fwd_splitkv_mla_fp8_sparse_kernel",
+       (type_("cutlass::bfloat16_t"), int_(64), int_(512), int_(576), int_(2048)),
+       "flash::DecodingParams, sm90::decode::sparse_fp8::TmaParams"),
     "flash_fwd_splitkv_mla_fp8_sparse_kernel", RT_LAUNCH_EX, (2, 1, 66), (384, 1, 1), 168, 0,
     214_016, cluster=(1, 1, 1)))
 MLA_COMBINE = _reg(KernelType(
     "mla_combine",
-    "void flash::flash_fwd_mla_combine_kernel<cutlass::bfloat16_t, (int)512, (int)64, (int)32>"
-    "(flash::DecodingParams)",
+    _k("flash::flash_fwd_mla_combine_kernel",
+       (type_("cutlass::bfloat16_t"), int_(512), int_(64), int_(32)), "flash::DecodingParams"),
     "flash_fwd_mla_combine_kernel", RT_LAUNCH_EX, (32, 1, 64), (128, 1, 1), 64, 0, 4_352))
 SPARSE_ATTN_PREFILL = _reg(KernelType(
     "sparse_attn_prefill",
-    "void sm90::prefill::sparse::sparse_attn_fwd_kernel<(int)64, (int)512, (int)576, (bool)1>"
-    "(flash::SparseAttnFwdParams, sm90::prefill::sparse::TmaParams)",
+    _k("sm90::prefill::sparse::sparse_attn_fwd_kernel",
+       (int_(64), int_(512), int_(576), bool_(True)),
+       "flash::SparseAttnFwdParams, sm90::prefill::sparse::TmaParams"),
     "sparse_attn_fwd_kernel", RT_LAUNCH_EX, (132, 1, 1), (384, 1, 1), 168, 0, 225_280,
     cluster=(1, 1, 1)))
+# sgl-kernel custom all-reduce, TP8 (TSV row 82)
 ALLREDUCE = _reg(KernelType(
     "custom_allreduce",
-    "void sglang::cross_device_reduce_1stage<__nv_bfloat16, (int)8>(sglang::RankData *, "
-    "sglang::RankSignals, sglang::Signal *, T1 *, int, int)",
+    _k("sglang::cross_device_reduce_1stage", (_BF16, int_(8)),
+       "sglang::RankData *, sglang::RankSignals, sglang::Signal *, T1 *, int, int"),
     "cross_device_reduce_1stage", RT_LAUNCH, (36, 1, 1), (512, 1, 1), 56, collective=True))
 
 # ---- DSA indexer -----------------------------------------------------------------------------
-ACT_QUANT = _reg(KernelType("indexer_act_quant", "_act_quant_kernel", "_act_quant_kernel",
+ACT_QUANT = _reg(KernelType("indexer_act_quant", plain("_act_quant_kernel"), "_act_quant_kernel",
                             DRV_LAUNCH_EX, (32, 32, 1), (128, 1, 1), 30))
 STORE_INDEXER_CACHE = _reg(KernelType(
     "indexer_store_cache",
-    "void fused_store_indexer_cache_kernel<__nv_bfloat16, (int)128, (int)64>"
-    "(const T1 *, unsigned char *, const long *, int, int)",
+    _k("fused_store_indexer_cache_kernel", (_BF16, int_(128), int_(64)),
+       "const T1 *, unsigned char *, const long *, int, int"),
     "fused_store_indexer_cache_kernel", RT_LAUNCH, (32, 1, 1), (128, 1, 1), 32))
 PAGED_MQA_LOGITS = _reg(KernelType(
     "paged_mqa_logits",
-    "void deep_gemm::sm90_fp8_paged_mqa_logits<(unsigned int)1, (unsigned int)32, "
-    "(unsigned int)128, (unsigned int)64, (bool)0, (unsigned int)4, (unsigned int)128, "
-    "(unsigned int)128>(unsigned int, unsigned long, unsigned int, unsigned int *, "
-    "const unsigned int *, float *, unsigned int, CUtensorMap, CUtensorMap, CUtensorMap, "
-    "CUtensorMap)",
+    _k("deep_gemm::sm90_fp8_paged_mqa_logits",
+       (uint(1), uint(32), uint(128), uint(64), bool_(False), uint(4), uint(128), uint(128)),
+       "unsigned int, unsigned long, unsigned int, unsigned int *, const unsigned int *, "
+       "float *, unsigned int, CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap"),
     "sm90_fp8_paged_mqa_logits", DRV_LAUNCH_EX, (132, 1, 1), (384, 1, 1), 128, 0, 196_608))
 MQA_LOGITS_PREFILL = _reg(KernelType(
     "mqa_logits_prefill",
-    "void deep_gemm::sm90_fp8_mqa_logits<(unsigned int)32, (unsigned int)128, (unsigned int)128, "
-    "(unsigned int)4, (unsigned int)128, (unsigned int)128>(unsigned int, unsigned int, "
-    "unsigned int, unsigned int, unsigned long, unsigned int *, unsigned int *, float *, "
-    "CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap)",
+    _k("deep_gemm::sm90_fp8_mqa_logits",
+       (uint(32), uint(128), uint(128), uint(4), uint(128), uint(128)),
+       "unsigned int, unsigned int, unsigned int, unsigned int, unsigned long, unsigned int *, "
+       "unsigned int *, float *, CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap"),
     "sm90_fp8_mqa_logits", DRV_LAUNCH_EX, (132, 1, 1), (384, 1, 1), 128, 0, 196_608))
 TOPK_DECODE = _reg(KernelType(
     "topk_transform_decode",
-    "void <unnamed>::topk_transform_decode_kernel<(int)2048>(const float *, int *, const int *, "
-    "const int *, int, int)",
+    _k("<unnamed>::topk_transform_decode_kernel", (int_(2048),),
+       "const float *, int *, const int *, const int *, int, int"),
     "topk_transform_decode_kernel", RT_LAUNCH, (32, 1, 1), (1024, 1, 1), 64, 32_768))
 TOPK_PREFILL = _reg(KernelType(
     "topk_transform_prefill",
-    "void <unnamed>::topk_transform_prefill_kernel<(int)2048>(const float *, int *, const int *, "
-    "const int *, const int *, int, int)",
+    _k("<unnamed>::topk_transform_prefill_kernel", (int_(2048),),
+       "const float *, int *, const int *, const int *, const int *, int, int"),
     "topk_transform_prefill_kernel", RT_LAUNCH, (4096, 1, 1), (1024, 1, 1), 64, 32_768))
 
 # ---- MoE -------------------------------------------------------------------------------------
 MOE_TOPK = _reg(KernelType(
     "deepseek_v3_topk",
-    "void deepseek_v3_topk_kernel<float, (int)256, (int)8, (int)4>(const T1 *, const T1 *, T1 *, "
-    "int *, int, int, float)",
+    _k("deepseek_v3_topk_kernel", (type_("float"), int_(256), int_(8), int_(4)),
+       "const T1 *, const T1 *, T1 *, int *, int, int, float"),
     "deepseek_v3_topk_kernel", RT_LAUNCH, (32, 1, 1), (256, 1, 1), 40))
+# the SGLang v0.5.9 decode's activation quantization before a DeepGEMM GEMM (TSV row 2, as nsys
+# wrote it)
 GROUP_QUANT = _reg(KernelType(
     "per_token_group_quant",
-    "void per_token_group_quant_8bit_kernel<__nv_bfloat16, c10::Float8_e4m3fn, (bool)0, (bool)0>"
-    "(const T1 *, void *, float *, int, int, float, float, float, int, int)",
+    _k("per_token_group_quant_8bit_kernel",
+       (_BF16, type_("__nv_fp8_e4m3"), bool_(True), bool_(False), type_("float")),
+       "const T1 *, void *, T5 *, int, int, int, float, float, float, int, int"),
     "per_token_group_quant_8bit_kernel", RT_LAUNCH, (96, 1, 1), (256, 1, 1), 30))
+# DeepEP low latency, hidden 6144 (GLM-5.2 on DeepEP EP8, TSV rows 58, 59)
 DEEPEP_DISPATCH = _reg(KernelType(
     "deepep_dispatch",
-    "void deep_ep::internode_ll::dispatch<(bool)1, (int)3, (int)6144>(void *, float *, int *, "
-    "long *, void *, int *, void *, int *, long *, const void *, const long *, int *, int *, int, "
-    "int, int, int, int, int, int, int, int, int, bool)",
+    _k("deep_ep::internode_ll::dispatch", (bool_(True), bool_(True), int_(6144)),
+       "void *, void *, int *, long *, int *, int *, long *, void *, int *, void *, "
+       "const void *, const long *, int *, int *, int *, int, int, int, int, int, int, int, int, "
+       "int, bool, int"),
     "dispatch", RT_LAUNCH_EX, (132, 1, 1), (960, 1, 1), 80, collective=True))
 DEEPEP_COMBINE = _reg(KernelType(
     "deepep_combine",
-    "void deep_ep::internode_ll::combine<(int)3, (int)6144, (int)1024>(void *, void *, int *, "
-    "void *, const void *, const long *, const int *, const long *, int *, int *, void *, int, "
-    "int, int, int, int, int, int, int, bool)",
+    _k("deep_ep::internode_ll::combine", (bool_(False), int_(6144), int_(11), int_(4)),
+       "void *, void *, int *, void *, const void *, const long *, const float *, const int *, "
+       "const long *, long *, int *, int, int *, int, int, int, int, int, int, int, int, int, "
+       "int, bool"),
     "combine", RT_LAUNCH_EX, (132, 1, 1), (960, 1, 1), 96, collective=True))
+# DeepEP normal mode (prefill), intranode EP8 (TSV rows 61, 62)
 DEEPEP_DISPATCH_NORMAL = _reg(KernelType(
     "deepep_dispatch_normal",
-    "void deep_ep::intranode::dispatch<(int)8, (int)768, (int)8192>(int4 *, float *, long *, "
-    "float *, int *, int *, const int4 *, const float *, const long *, const float *, "
-    "const bool *, const int *, int, int, int, int, int, int, int, int, void **, int, int, int)",
+    _k("deep_ep::intranode::dispatch", (int_(8), int_(768), int_(8192)),
+       "int4 *, float *, int *, long *, float *, int *, int *, const int4 *, const float *, "
+       "const long *, const float *, const bool *, const int *, int, int, int, int, int, int, "
+       "int, int, void **, int, int, int"),
     "dispatch", RT_LAUNCH_EX, (24, 1, 1), (768, 1, 1), 96, collective=True))
 DEEPEP_COMBINE_NORMAL = _reg(KernelType(
     "deepep_combine_normal",
-    "void deep_ep::intranode::combine<__nv_bfloat16, (int)8, (int)768, (int)4096>(T1 *, float *, "
-    "const T1 *, const float *, const T1 *, const T1 *, const int *, const int *, const int *, "
-    "int, int, int, int, void **, int, int, int)",
+    _k("deep_ep::intranode::combine", (_BF16, int_(8), int_(768), int_(4096)),
+       "T1 *, float *, const T1 *, const float *, const T1 *, const T1 *, const int *, "
+       "const int *, const int *, int *, int, int, int, int, void **, int, int, int"),
     "combine", RT_LAUNCH_EX, (24, 1, 1), (768, 1, 1), 96, collective=True))
 MOE_SUM_REDUCE = _reg(KernelType(
     "moe_sum_reduce",
-    "void moe_sum_reduce_kernel<__nv_bfloat16, (int)2>(const T1 *, T1 *, long, long, long, long, "
-    "long, long, double)",
+    _k("moe_sum_reduce_kernel", (_BF16, int_(2)),
+       "const T1 *, T1 *, long, long, long, long, long, long, double"),
     "moe_sum_reduce_kernel", RT_LAUNCH, (32, 1, 1), (256, 1, 1), 32))
+# flashinfer SiLU * mul (TSV row 31). c++filt prints the function-pointer argument as
+# `&(silu(float const&))`; no nsys export in hand shows how nsys spells it.
 ACT_AND_MUL = _reg(KernelType(
     "act_and_mul",
-    "void flashinfer::activation::act_and_mul_kernel<__nv_bfloat16, &silu>(T1 *, const T1 *, int)",
+    _k("flashinfer::activation::act_and_mul_kernel",
+       (_BF16, type_("&silu", "&(silu(float const&))")), "T1 *, const T1 *, int"),
     "act_and_mul_kernel", RT_LAUNCH_EX, (32, 1, 1), (1024, 1, 1), 28))
 
 # ---- outside the layers ----------------------------------------------------------------------
 EMBEDDING = _reg(KernelType(
     "embedding",
-    "void at::native::<unnamed>::indexSelectSmallIndex<c10::BFloat16, long, unsigned int, (int)2, "
-    "(int)2, (int)-2>(at::cuda::detail::TensorInfo<T1, T3>, at::cuda::detail::TensorInfo<const "
-    "T1, T3>, at::cuda::detail::TensorInfo<const T2, T3>, int, int, T3, long)",
+    _k("at::native::<unnamed>::indexSelectSmallIndex",
+       (type_("c10::BFloat16"), type_("long"), type_("unsigned int"), int_(2), int_(2),
+        int_(-2)),
+       "at::cuda::detail::TensorInfo<T1, T3>, at::cuda::detail::TensorInfo<const T1, T3>, "
+       "at::cuda::detail::TensorInfo<const T2, T3>, int, int, T3, long"),
     "indexSelectSmallIndex", RT_LAUNCH, (128, 1, 1), (128, 1, 1), 30))
 SAMPLING = _reg(KernelType(
     "sampling",
-    "void flashinfer::sampling::TopKTopPSamplingFromProbKernel<(unsigned int)1024, "
-    "(cub::CUB_200800_900_NS::BlockScanAlgorithm)2, (cub::CUB_200800_900_NS::BlockReduceAlgorithm)"
-    "2, (unsigned int)4, (bool)0, float, int>(T6 *, T7 *, T7 *, T7 *, T6 *, T7 *, T6 *, "
-    "unsigned int, unsigned long, unsigned long)",
+    _k("flashinfer::sampling::TopKTopPSamplingFromProbKernel",
+       (uint(1024), enum("cub::CUB_200800_900_NS::BlockScanAlgorithm", 2),
+        enum("cub::CUB_200800_900_NS::BlockReduceAlgorithm", 2), uint(4), bool_(False),
+        type_("float"), type_("int")),
+       "T6 *, T7 *, T7 *, T7 *, T6 *, T7 *, T6 *, unsigned int, unsigned long, unsigned long"),
     "TopKTopPSamplingFromProbKernel", RT_LAUNCH_EX, (32, 1, 1), (1024, 1, 1), 64, 0, 30_720))
 
 # ---- fault-only kernel -----------------------------------------------------------------------
 STRAY_COPY = _reg(KernelType(
     "stray_copy",
-    "void at::native::elementwise_kernel<(int)128, (int)2, void at::native::gpu_kernel_impl_nocast"
-    "<at::native::direct_copy_kernel_cuda(at::TensorIteratorBase &)::[lambda() (instance 3)]::"
-    "operator ()() const::[lambda() (instance 7)]::operator ()() const::[lambda(c10::BFloat16) "
-    "(instance 1)]>(at::TensorIteratorBase &, const T1 &)::[lambda(int) (instance 1)]>(int, T3)",
+    _k("at::native::elementwise_kernel",
+       (int_(128), int_(2), type_(
+           "void at::native::gpu_kernel_impl_nocast<at::native::direct_copy_kernel_cuda("
+           "at::TensorIteratorBase &)::[lambda() (instance 3)]::operator ()() const::[lambda() "
+           "(instance 7)]::operator ()() const::[lambda(c10::BFloat16) (instance 1)]>("
+           "at::TensorIteratorBase &, const T1 &)::[lambda(int) (instance 1)]",
+           "at::native::gpu_kernel_impl_nocast<at::native::direct_copy_kernel_cuda("
+           "at::TensorIteratorBase&)::{lambda()#3}::operator()() const::{lambda()#7}::"
+           "operator()() const::{lambda(c10::BFloat16)#1}>(at::TensorIteratorBase&, "
+           "at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)::{lambda()#3}::"
+           "operator()() const::{lambda()#7}::operator()() const::{lambda(c10::BFloat16)#1} "
+           "const&)::{lambda(int)#1}")),
+       "int, T3"),
     "elementwise_kernel", RT_LAUNCH, (384, 1, 1), (128, 1, 1), 18))
 
-KERNEL_TYPES: dict[str, KernelType] = dict(_K)
+# every kernel of the schedules, with the DeepGEMM GEMMs in the default layout
+KERNEL_TYPES: dict[str, KernelType] = {**_K, **deepgemm_kernels()}
 
 # --------------------------------------------------------------------------------------------
 # Cost model: decode durations at batch 32 (µs) on one H200 rank, and how they move with batch.
@@ -596,8 +632,10 @@ class _Builder:
                                          layer, "main", self.cost(GROUP_QUANT), ()))
 
 
-def _build(kind: str, batch: int, faults: frozenset[str], alt_streams: bool) -> Schedule:
+def _build(kind: str, batch: int, faults: frozenset[str], alt_streams: bool,
+           deepgemm_layout: str) -> Schedule:
     b = _Builder(kind, batch, faults, alt_streams)
+    G = deepgemm_kernels(deepgemm_layout)  # noqa: N806 - the GEMM kernels, by schedule key
     decode = kind == "decode"
     b.add("embed", EMBEDDING, "embedding", "outside", "model.model.embed_tokens", None)
     for L in range(NUM_LAYERS):
@@ -608,14 +646,15 @@ def _build(kind: str, batch: int, faults: frozenset[str], alt_streams: bool) -> 
         else:
             b.add("input_norm", FUSED_ADD_RMSNORM, "input_norm", "attention",
                   f"{p}.input_layernorm", L)
-        b.add("qkv_a", QKV_A_GEMM, "qkv_a_proj", "attention", f"{a}.fused_qkv_a_proj_with_mqa", L)
+        b.add("qkv_a", G["gemm_qkv_a"], "qkv_a_proj", "attention",
+              f"{a}.fused_qkv_a_proj_with_mqa", L)
         b.add("q_a_norm", RMSNORM, "q_a_norm", "attention", f"{a}.q_a_layernorm", L)
         b.add("kv_a_norm", RMSNORM, "kv_a_norm", "attention", f"{a}.kv_a_layernorm", L,
               stream="alt", deps=("qkv_a",))
         if L in FULL_INDEXER_LAYERS:
             ix = f"{a}.indexer"
-            b.add("ix_wq_b", WQ_B_GEMM, "indexer.wq_b", "indexer", f"{ix}.wq_b", L, "alt",
-                  deps=("q_a_norm",))
+            b.add("ix_wq_b", G["gemm_indexer_wq_b"], "indexer.wq_b", "indexer", f"{ix}.wq_b", L,
+                  "alt", deps=("q_a_norm",))
             b.add("ix_wk", INDEXER_WK_GEMM, "indexer.wk_weights_proj", "indexer", f"{ix}.wk", L,
                   "alt")
             b.add("ix_k_norm", LAYERNORM, "indexer.k_norm", "indexer", f"{ix}.k_norm", L, "alt")
@@ -633,7 +672,8 @@ def _build(kind: str, batch: int, faults: frozenset[str], alt_streams: bool) -> 
             else:
                 b.add("ix_logits", MQA_LOGITS_PREFILL, "indexer.logits", "indexer", ix, L, "alt")
                 b.add("ix_topk", TOPK_PREFILL, "indexer.topk", "indexer", ix, L, "alt")
-        b.add("q_b", Q_B_GEMM, "q_b_proj", "attention", f"{a}.q_b_proj", L, deps=("kv_a_norm",))
+        b.add("q_b", G["gemm_q_b"], "q_b_proj", "attention", f"{a}.q_b_proj", L,
+              deps=("kv_a_norm",))
         b.add("rope", ROPE, "rope", "attention", f"{a}.rotary_emb", L)
         b.add("q_absorb", Q_ABSORB_BMM, "q_absorb", "attention", a, L)
         b.add("kv_write", KV_WRITE, "kv_write", "attention", f"{a}.attn_mqa", L)
@@ -648,35 +688,35 @@ def _build(kind: str, batch: int, faults: frozenset[str], alt_streams: bool) -> 
         b.add("o_absorb", O_ABSORB_BMM, "o_absorb", "attention", a, L)
         if L == FAULT_LAYER and "layer_fault" in faults:
             b.add("stray", STRAY_COPY, "layer_fault.copy", "fault", a, L)
-        b.add("o_proj", O_PROJ_GEMM, "o_proj", "attention", f"{a}.o_proj", L)
+        b.add("o_proj", G["gemm_o_proj"], "o_proj", "attention", f"{a}.o_proj", L)
         b.add("allreduce", ALLREDUCE, "attn_allreduce", "attention", f"{a}.o_proj", L)
         b.add("post_norm", FUSED_ADD_RMSNORM, "post_attn_norm", "attention",
               f"{p}.post_attention_layernorm", L)
         m = f"{p}.mlp"
         if L in DENSE_LAYERS:
-            b.add("mlp_gate_up", DENSE_GATE_UP_GEMM, "mlp.gate_up", "dense_mlp",
+            b.add("mlp_gate_up", G["gemm_dense_gate_up"], "mlp.gate_up", "dense_mlp",
                   f"{m}.gate_up_proj", L)
             b.add("mlp_act", ACT_AND_MUL, "mlp.act", "dense_mlp", f"{m}.act_fn", L)
-            b.add("mlp_down", DENSE_DOWN_GEMM, "mlp.down", "dense_mlp", f"{m}.down_proj", L)
+            b.add("mlp_down", G["gemm_dense_down"], "mlp.down", "dense_mlp", f"{m}.down_proj", L)
             continue
         b.add("router", ROUTER_GEMM, "moe.router", "moe", f"{m}.gate", L)
         b.add("topk", MOE_TOPK, "moe.topk", "moe", f"{m}.topk", L)
         b.add("quant", GROUP_QUANT, "moe.quant", "moe", f"{m}.experts", L)
         if decode:
             b.add("dispatch", DEEPEP_DISPATCH, "deepep.dispatch", "deepep", f"{m}.experts", L)
-            b.add("gate_up", MOE_GATE_UP_MASKED, "moe.gate_up", "moe", f"{m}.experts", L)
-            b.add("down", MOE_DOWN_MASKED, "moe.down", "moe", f"{m}.experts", L)
+            b.add("gate_up", G["gemm_moe_gate_up_masked"], "moe.gate_up", "moe", f"{m}.experts", L)
+            b.add("down", G["gemm_moe_down_masked"], "moe.down", "moe", f"{m}.experts", L)
             b.add("combine", DEEPEP_COMBINE, "deepep.combine", "deepep", f"{m}.experts", L)
         else:
             b.add("dispatch", DEEPEP_DISPATCH_NORMAL, "deepep.dispatch", "deepep", f"{m}.experts",
                   L)
-            b.add("gate_up", MOE_GATE_UP_CONTIG, "moe.gate_up", "moe", f"{m}.experts", L)
-            b.add("down", MOE_DOWN_CONTIG, "moe.down", "moe", f"{m}.experts", L)
+            b.add("gate_up", G["gemm_moe_gate_up_contig"], "moe.gate_up", "moe", f"{m}.experts", L)
+            b.add("down", G["gemm_moe_down_contig"], "moe.down", "moe", f"{m}.experts", L)
             b.add("combine", DEEPEP_COMBINE_NORMAL, "deepep.combine", "deepep", f"{m}.experts", L)
         # shared expert on the alt stream, issued after the routed branch
-        b.add("shared_gate_up", SHARED_GATE_UP_GEMM, "moe.shared_gate_up", "moe",
+        b.add("shared_gate_up", G["gemm_shared_gate_up"], "moe.shared_gate_up", "moe",
               f"{m}.shared_experts.gate_up_proj", L, "alt", deps=("post_norm",))
-        b.add("shared_down", SHARED_DOWN_GEMM, "moe.shared_down", "moe",
+        b.add("shared_down", G["gemm_shared_down"], "moe.shared_down", "moe",
               f"{m}.shared_experts.down_proj", L, "alt")
         b.add("sum_reduce", MOE_SUM_REDUCE, "moe.scale_shared_add", "moe", m, L,
               deps=("shared_down",))
@@ -691,18 +731,22 @@ SCHEDULE_FAULTS = frozenset({"broken_fusion", "chunked_indexer", "layer_fault"})
 
 
 def decode_schedule(batch: int = 32, faults: frozenset[str] | set[str] | tuple = (),
-                    *, alt_streams: bool = True) -> Schedule:
+                    *, alt_streams: bool = True,
+                    deepgemm_layout: str = DEFAULT_DEEPGEMM_LAYOUT) -> Schedule:
     """The decode forward pass (what the decode CUDA graph holds) plus the eager sampling kernel.
 
     alt_streams=False puts everything on the main stream (SGLang forks to the alt stream only
-    in capture mode, so eager decode runs single-stream)."""
-    return _build("decode", batch, frozenset(faults) & SCHEDULE_FAULTS, alt_streams)
+    in capture mode, so eager decode runs single-stream). deepgemm_layout: how the DeepGEMM
+    kernels are named (one of synth.deepgemm.DEEPGEMM_LAYOUTS)."""
+    return _build("decode", batch, frozenset(faults) & SCHEDULE_FAULTS, alt_streams,
+                  deepgemm_layout)
 
 
-def prefill_schedule(batch: int = 32, faults: frozenset[str] | set[str] | tuple = ()) -> Schedule:
+def prefill_schedule(batch: int = 32, faults: frozenset[str] | set[str] | tuple = (),
+                     *, deepgemm_layout: str = DEFAULT_DEEPGEMM_LAYOUT) -> Schedule:
     """The eager prefill pass: sparse_attn_fwd_kernel instead of the split-KV decode kernel,
     non-paged indexer logits, DeepEP normal mode, contiguous grouped GEMMs; single stream."""
-    return _build("prefill", batch, frozenset(faults) & SCHEDULE_FAULTS, False)
+    return _build("prefill", batch, frozenset(faults) & SCHEDULE_FAULTS, False, deepgemm_layout)
 
 
 def with_durations(s: Schedule, scale: float) -> Schedule:
