@@ -26,6 +26,7 @@ from nsys_ledger.ledger import (
 
 ROOT = Path(__file__).resolve().parents[1]
 GLM = ROOT / "expectations" / "glm-5.3-tp8-ep8.toml"
+SHIPPED = sorted((ROOT / "expectations").glob("*.toml"))
 
 
 def reload(tmp_path: Path, text: str, name: str = "written.toml") -> Expectations:
@@ -44,7 +45,12 @@ def assert_round_trip(tmp_path: Path, exp: Expectations) -> str:
     return text
 
 
-# ---- the shipped ledger ---------------------------------------------------------------------
+# ---- the shipped ledgers --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.name for p in SHIPPED])
+def test_every_shipped_ledger_round_trips(tmp_path, path):
+    assert_round_trip(tmp_path, load_expectations(path))
 
 
 def test_glm_round_trip(tmp_path):
@@ -420,3 +426,26 @@ def test_hostile_strings_round_trip(tmp_path):
     assert loaded.ops["x"].patterns == patterns
     assert loaded.ops["x"].description == 'three """ quotes\nand \x1b escape'
     assert loaded.name == hostile.name
+
+
+# ---- one source of truth for the format ----------------------------------------------------
+
+
+def test_the_format_reference_names_every_key_the_readers_accept():
+    """The package docstring is the format's reference (README points to it): every table and
+    key a section reader accepts is named there."""
+    import nsys_ledger.ledger as ledger
+    from nsys_ledger.ledger.document import TOP_LEVEL
+    from nsys_ledger.ledger.sections import counts, layers, model, ops, steps, timeline
+
+    reference = ledger.__doc__
+    for table in TOP_LEVEL:
+        assert f"[{table}" in reference, table
+    keys = (*model.MODEL_KEYS, *steps.STEP_KEYS, *ops.OP_KEYS, *counts.COUNT_KEYS, *timeline.GAPS_KEYS,
+            *timeline.H2D_KEYS, *timeline.GRAPHS_KEYS, *timeline.RANKS_KEYS, *layers.LAYERS_KEYS,
+            *layers.CLASS_KEYS)
+    for key in keys:
+        assert f"{key} =" in reference or f"[layers.{key}" in reference, key
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "## The ledger format" in readme
+    assert "nsys_ledger/ledger/__init__.py" in readme

@@ -18,6 +18,7 @@ from nsys_ledger.ledger.writing import LedgerWriter, Literal, range_value, regex
 
 LAYER_RULE_OPS = ("first_opening_op", "opening_followed_by", "closing_op")
 LAYERS_KEYS = ("regex", "opening_op", *LAYER_RULE_OPS, "uniform", "modules", "classes")
+CLASS_KEYS = ("layers", "groups", "count")
 _LAYER_ITEM = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*(?:/\s*(\d+)\s*)?)?$")
 
 
@@ -81,7 +82,7 @@ def read_layer_class(reader: LedgerReader, cname: str, spec: Any, nlayers: int,
         raise reader.fail(key, f"class name {cname!r} must be letters, digits, _ or -")
     if not isinstance(spec, dict):
         raise reader.fail(key, f"wrong type: expected a table, got {type_name(spec)}")
-    reader.known(spec, key, ("layers", "groups", "count"))
+    reader.known(spec, key, CLASS_KEYS)
     if "layers" not in spec:
         raise reader.fail(f"{key}.layers", f"missing required key 'layers' in [{key}]")
     reader.keep(f"{key}.layers", spec["layers"])

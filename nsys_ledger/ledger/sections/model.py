@@ -8,11 +8,13 @@ from nsys_ledger.ledger.model import Expectations
 from nsys_ledger.ledger.reading import LedgerReader
 from nsys_ledger.ledger.writing import LedgerWriter
 
+MODEL_KEYS = ("name", "description")
+
 
 def read_model(reader: LedgerReader, doc: dict[str, Any]) -> tuple[str, str]:
     """(name, description)."""
     model = reader.table(doc, "model", "model", required=True)
-    reader.known(model, "model", ("name", "description"))
+    reader.known(model, "model", MODEL_KEYS)
     name = reader.get(model, "name", "model", str, required=True)
     description = reader.get(model, "description", "model", str, default="")
     return name, description

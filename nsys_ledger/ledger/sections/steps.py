@@ -8,7 +8,7 @@ from nsys_ledger.ledger.model import Expectations, OpDef, StepRule
 from nsys_ledger.ledger.reading import LedgerReader, short_list, type_name
 from nsys_ledger.ledger.writing import LedgerWriter, Literal, regex_string
 
-STEP_METHODS = ("auto", "nvtx", "graph", "marker")
+STEP_METHODS = ("auto", "nvtx", "graph", "marker", "capture")
 STEP_KEYS = ("method", "nvtx", "marker", "marker_op", "exclude_nvtx", "exclude_ops")
 DEFAULT_STEP_RULE = StepRule("auto", None, None, None, ())  # no [steps]
 

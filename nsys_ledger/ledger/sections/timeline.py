@@ -15,6 +15,10 @@ from nsys_ledger.ledger.writing import LedgerWriter, range_value
 
 DEFAULT_GAP_US = 2.0  # the seed's threshold
 DEFAULT_H2D = H2DRule(Range(None, None), None, True)  # no [h2d]: any copies
+GAPS_KEYS = ("threshold_us", "step_entry_per_launch", "step_entry_max_us")
+H2D_KEYS = ("per_step", "max_bytes", "pageable_allowed")
+GRAPHS_KEYS = ("launches_per_step",)
+RANKS_KEYS = ("max_imbalance_pct",)
 
 
 def _us(ns: int) -> int | float:
@@ -34,7 +38,7 @@ def read_gap_threshold(reader: LedgerReader, doc: dict[str, Any]) -> int:
     table = reader.table(doc, "gaps", "gaps")
     if table is None:
         return int(DEFAULT_GAP_US * 1000)
-    reader.known(table, "gaps", ("threshold_us", "step_entry_per_launch", "step_entry_max_us"))
+    reader.known(table, "gaps", GAPS_KEYS)
     if "threshold_us" not in table:
         raise reader.fail("gaps.threshold_us", "missing required key 'threshold_us' in [gaps]")
     reader.keep("gaps.threshold_us", table["threshold_us"])
@@ -88,7 +92,7 @@ def read_h2d(reader: LedgerReader, doc: dict[str, Any]) -> H2DRule:
     table = reader.table(doc, "h2d", "h2d")
     if table is None:
         return DEFAULT_H2D
-    reader.known(table, "h2d", ("per_step", "max_bytes", "pageable_allowed"))
+    reader.known(table, "h2d", H2D_KEYS)
     per_step = Range(None, None)
     if "per_step" in table:
         reader.keep("h2d.per_step", table["per_step"])
@@ -128,7 +132,7 @@ def read_graphs(reader: LedgerReader, doc: dict[str, Any]) -> Range | None:
     table = reader.table(doc, "graphs", "graphs")
     if table is None:
         return None
-    reader.known(table, "graphs", ("launches_per_step",))
+    reader.known(table, "graphs", GRAPHS_KEYS)
     if "launches_per_step" not in table:
         return None
     reader.keep("graphs.launches_per_step", table["launches_per_step"])
@@ -151,7 +155,7 @@ def read_ranks(reader: LedgerReader, doc: dict[str, Any]) -> float | None:
     table = reader.table(doc, "ranks", "ranks")
     if table is None:
         return None
-    reader.known(table, "ranks", ("max_imbalance_pct",))
+    reader.known(table, "ranks", RANKS_KEYS)
     if "max_imbalance_pct" not in table:
         return None
     reader.keep("ranks.max_imbalance_pct", table["max_imbalance_pct"])
