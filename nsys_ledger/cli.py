@@ -89,7 +89,7 @@ def main() -> None:
 @click.option("--step-nvtx", help="Regex of the NVTX range that marks one decode step.")
 @click.option(
     "--step-method",
-    type=click.Choice(["auto", "nvtx", "graph", "marker"]),
+    type=click.Choice(["auto", "nvtx", "graph", "marker", "capture"]),
     default=None,
     help="Force how steps are found (default: the expectations' [steps] method, else auto).",
 )
@@ -184,7 +184,7 @@ def _write_output(writer, result, target: Path, label: str) -> None:
 @click.option("--expect", "expect", type=click.Path(path_type=str),
               help="Expectations (ledger) TOML file: names the ops and runs the checks on both traces.")
 @click.option("--step-nvtx", help="Regex of the NVTX range that marks one decode step.")
-@click.option("--step-method", type=click.Choice(["auto", "nvtx", "graph", "marker"]), default=None,
+@click.option("--step-method", type=click.Choice(["auto", "nvtx", "graph", "marker", "capture"]), default=None,
               help="Force how steps are found in both traces.")
 @click.option("--gap-us", type=float, help="Gap threshold in microseconds (default: expectations, else 2).")
 @click.option("--allow-launches", type=click.FloatRange(0), default=0, show_default=True,
@@ -306,6 +306,74 @@ def expectations_diff(a, b, as_json) -> None:
         for line in render_ledger_diff(changes, a, b).splitlines():
             click.echo(printable(line))  # regexes and descriptions come from the files
     sys.exit(1 if changes else 0)
+
+
+def _param_pair(ctx, param, values) -> dict[str, float]:
+    pairs = {}
+    for item in values:
+        name, sep, value = item.partition("=")
+        try:
+            pairs[name.strip()] = float(value)
+        except ValueError:
+            raise click.BadParameter(f"{item!r}: expected NAME=NUMBER, e.g. layers=78") from None
+        if not sep or not name.strip().isidentifier():
+            raise click.BadParameter(f"{item!r}: expected NAME=NUMBER, e.g. layers=78")
+    return pairs
+
+
+def _step_span(ctx, param, value) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    low, sep, high = value.partition("-")
+    if not (low.strip().isdigit() and (not sep or high.strip().isdigit())):
+        raise click.BadParameter(f"{value!r}: expected A-B or A (decode step indexes)")
+    return int(low), int(high if sep else low)
+
+
+@main.command()
+@click.argument("traces", metavar="TRACE...", nargs=-1, required=True, type=click.Path(dir_okay=True, path_type=str))
+@click.option("--out", "out", required=True, type=click.Path(path_type=str), help="Write the learned ledger here.")
+@click.option("--base", type=click.Path(path_type=str),
+              help="A ledger to start from: its ops, step and layer rules, parameters and hints.")
+@click.option("--tolerance", type=click.IntRange(0), default=0, show_default=True,
+              help="Kernels of slack on every learned count (anchors, total, layer groups).")
+@click.option("--params", "named_params", multiple=True, callback=_param_pair, metavar="NAME=N",
+              help="Name a count for formulas (repeatable): --params moe_layers=75 writes 'moe_layers' for 75.")
+@click.option("--from-steps", callback=_step_span, metavar="A-B", help="Learn only from these decode steps (per rank).")
+@click.option("--step-nvtx", help="Regex of the NVTX range that marks one step.")
+@click.option("--step-method", type=click.Choice(["auto", "nvtx", "graph", "marker", "capture"]), default=None,
+              help="How to find steps (capture: each process's whole capture is one step).")
+@click.option("--name", help="The ledger's [model] name.")
+@click.option("--verify/--no-verify", default=True, show_default=True,
+              help="Check the traces against the learned ledger and say whether they pass.")
+def learn(traces, out, base, tolerance, named_params, from_steps, step_nvtx, step_method, name, verify) -> None:
+    """Write the ledger that the decode steps of known-good TRACE(s) obey (several files: ranks).
+
+    \b
+        nsys-ledger learn healthy.sqlite --base expectations/glm-5.3-tp8-ep8.toml --out my-build.toml
+        nsys-ledger check candidate.sqlite --expect my-build.toml
+    """
+    from nsys_ledger.ledger import load_expectations, write_expectations
+    from nsys_ledger.learn import LearnError, LearnOptions, learn as learn_ledger
+    from nsys_ledger.multifile import check_many
+
+    target = _writable(out)
+    options = LearnOptions(
+        base=load_expectations(base) if base else None, tolerance=tolerance, named_params=named_params,
+        from_steps=from_steps, step_nvtx=step_nvtx, step_method=step_method, name=name,
+    )
+    try:
+        ledger = learn_ledger(list(traces), options)
+    except LearnError as error:
+        _fail(str(error))
+    target.write_text(write_expectations(ledger), encoding="utf-8")
+    classes = len(ledger.layer_classes)
+    click.echo(f"learned {len(ledger.ops)} ops, {len(ledger.anchors)} anchors, {classes} layer classes, "
+               f"total {ledger.total.describe()} kernels per step -> {printable(out)}")
+    if verify:
+        result = check_many(list(traces), load_expectations(out), step_nvtx=step_nvtx, step_method=step_method)
+        click.echo(f"check of the same traces with it: {result.verdict.upper()} ({result.verdict_sentence})")
+        sys.exit(result.exit_code)
 
 
 @main.command()

@@ -13,6 +13,9 @@ Three ways to find steps, tried in this order by `method="auto"`:
   into two graph replays stays one step. Without a marker, each graph launch opens a step.
   Windows without a graph launch are eager work (prefill, warm-up) and are excluded.
 * ``marker``: for eager traces, every launch of the marker kernel ends a step.
+* ``capture`` (never chosen by ``auto``): each process's whole capture is one step, for a
+  capture limited to one iteration (`nsys profile --capture-range=cudaProfilerApi`, or a
+  window cut from a longer report) that has no step range, graph launch or marker kernel.
 
 Windows are intervals of host time per key (the process for cut-based methods, the thread for
 NVTX ranges); activities are placed by a sorted as-of join on the launching call's start,
@@ -101,6 +104,10 @@ def find_steps(
         windows = _windows_from_cuts(_marker_calls(activities, marker_regex), left_closed=False)
         detail = f"marker kernel /{marker_regex}/ ends each step"
         by_thread = False
+    elif chosen == "capture":
+        windows = _capture_windows(activities)
+        detail = "the whole capture of each process is one step (--step-method capture)"
+        by_thread = False
     elif chosen == "none":
         windows = pl.DataFrame(schema=WINDOW_SCHEMA)
         detail = "no steps found: no step NVTX range, no CUDA graph launch, no marker kernel"
@@ -108,7 +115,13 @@ def find_steps(
     else:
         raise ValueError(f"unknown step method {chosen!r}")
 
-    placed = _place(activities, windows, time_col="api_start", key_col="api_tid" if by_thread else "pid")
+    if chosen == "capture":
+        # the whole capture is the step: a kernel whose launch fell before a cut window (its
+        # call is not in the export) still belongs to it, by its own start
+        at = activities.with_columns(pl.coalesce("api_start", "start").alias("_placed_at"))
+        placed = _place(at, windows, time_col="_placed_at", key_col="pid").drop("_placed_at")
+    else:
+        placed = _place(activities, windows, time_col="api_start", key_col="api_tid" if by_thread else "pid")
     placed_calls = _place(
         api_calls.rename({"start": "api_start", "global_tid": "api_tid"}),
         windows,
@@ -124,6 +137,18 @@ def find_steps(
         windows=numbered,
         activities=_with_steps(placed, step_of_window),
         api_calls=_with_steps(placed_calls, step_of_window),
+    )
+
+
+def _capture_windows(activities: pl.DataFrame) -> pl.DataFrame:
+    """One window per process, over all of its host time."""
+    pids = activities.select(pl.col("pid").unique().drop_nulls().sort())["pid"]
+    return pl.DataFrame(
+        {
+            "key": pids, "pid": pids, "window": [0] * len(pids), "host_start": [NO_TIME_BEFORE] * len(pids),
+            "host_end": [NO_TIME_AFTER] * len(pids), "label": [None] * len(pids), "complete": [True] * len(pids),
+        },
+        schema=WINDOW_SCHEMA,
     )
 
 

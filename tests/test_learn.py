@@ -1,0 +1,164 @@
+"""`nsys-ledger learn`: a ledger from a known-good capture, and the round trips it must survive."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import nsys_ledger
+from nsys_ledger.learn import LearnOptions, learn
+from nsys_ledger.ledger import load_expectations, write_expectations
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLES = ROOT / "sample_traces"
+GLM = ROOT / "expectations" / "glm-5.3-tp8-ep8.toml"
+REAL = ROOT.parent / "shared" / "real_traces"
+LLAMA3 = REAL / "Sh1mwww__llama3-inference__real_inference_simulation.sqlite"
+NSYS_AI = REAL / "GindaChen__nsys-ai__h100_2gpu_1s.sqlite"
+
+# graph-mode GLM-5.3 samples of the healthy topology (one rank, one decode graph per step)
+FAULTED = [
+    "glm5-graph-broken-fusion.sqlite", "glm5-graph-chunked-indexer.sqlite", "glm5-graph-extra-gaps.sqlite",
+    "glm5-graph-extra-h2d.sqlite", "glm5-graph-split-graph.sqlite", "glm5-graph-layer41.sqlite",
+    "glm5-graph-pageable-h2d.sqlite", "glm5-graph-caused-gaps.sqlite", "glm5-graph-boundary-gap.sqlite",
+]
+
+
+def _learned(tmp_path: Path, trace: Path, **options) -> Path:
+    """Learn, write, and read back: what a user gets from `learn --out`."""
+    out = tmp_path / f"{trace.stem}.toml"
+    out.write_text(write_expectations(learn([trace], LearnOptions(**options))), encoding="utf-8")
+    return out
+
+
+@pytest.fixture(scope="module")
+def from_healthy(tmp_path_factory) -> Path:
+    return _learned(tmp_path_factory.mktemp("learn"), SAMPLES / "glm5-graph-healthy.sqlite",
+                    base=load_expectations(GLM))
+
+
+def test_learned_ledger_passes_its_own_trace(from_healthy):
+    ledger = load_expectations(from_healthy)
+    result = nsys_ledger.check(SAMPLES / "glm5-graph-healthy.sqlite", ledger)
+    assert result.verdict == "pass", [f.message for f in result.findings]
+    anchors = {a.op: (a.formula, a.expected.low, a.expected.high) for a in ledger.anchors}
+    assert anchors["fused_add_rmsnorm"] == ("2 * layers", 156, 156)
+    assert anchors["sparse_mla"] == ("layers", 78, 78)
+    assert anchors["paged_mqa_logits"] == ("full_indexer_layers", 21, 21)
+    assert anchors["per_token_group_quant"] == ("moe_layers", 75, 75)
+    assert (ledger.total.low, ledger.total.high) == (2002, 2002)
+    assert ledger.graph_launches_per_step.low == ledger.graph_launches_per_step.high == 1
+    assert (ledger.h2d.per_step.low, ledger.h2d.pageable_allowed) == (3, False)
+    # classes: layers that launch the same kernels per group
+    classes = {c.name: (len(c.layers), {g: r.low for g, r in c.groups.items()}) for c in ledger.layer_classes}
+    assert sorted(n for n, _ in classes.values()) == [3, 18, 57]
+    text = from_healthy.read_text()
+    assert 'expected = "2 * layers"  # observed 156 in each of 4 decode steps (stable) = 2 * layers' in text
+    assert 'layers = "6-74/4"' in text
+
+
+def test_expectations_show_prints_the_learned_ledger(from_healthy):
+    run = subprocess.run([sys.executable, "-m", "nsys_ledger.cli", "expectations", "show", str(from_healthy)],
+                         capture_output=True, text=True, check=True)
+    assert "fused_add_rmsnorm" in run.stdout and "2 * layers" in run.stdout
+
+
+def _failures(result) -> tuple[set[str], dict[str, set[int]]]:
+    """Anchors that fail, and per layer group the layers some layer finding names."""
+    anchors = {f.subject for f in result.findings if f.check == "anchor"}
+    layers: dict[str, set[int]] = {}
+    for finding in result.findings:
+        if finding.check in ("layer", "layer_uniform") and finding.layers:
+            layers.setdefault(finding.subject, set()).update(_layer_set(finding.layers))
+    return anchors, layers
+
+
+def _layer_set(text: str) -> set[int]:
+    out: set[int] = set()
+    for part in text.split(","):
+        low, _, rest = part.strip().partition("-")
+        high, _, step = rest.partition("/")
+        out.update(range(int(low), int(high or low) + 1, int(step or 1)))
+    return out
+
+
+@pytest.mark.parametrize("sample", FAULTED)
+def test_learned_ledger_fails_every_fault_like_the_hand_written_one(from_healthy, sample):
+    hand = nsys_ledger.check(SAMPLES / sample, load_expectations(GLM))
+    learned = nsys_ledger.check(SAMPLES / sample, load_expectations(from_healthy))
+    assert hand.verdict == learned.verdict == "fail"
+    hand_anchors, hand_layers = _failures(hand)
+    learned_anchors, learned_layers = _failures(learned)
+    assert hand_anchors <= learned_anchors
+    assert {g: layers for g, layers in learned_layers.items() if g in hand_layers} == hand_layers
+    hand_checks = {f.check for f in hand.findings} - {"anchor", "layer", "layer_uniform"}
+    assert hand_checks <= {f.check for f in learned.findings}
+
+
+def test_ledger_learned_from_a_fault_fails_the_healthy_trace_inversely(tmp_path):
+    ledger = _learned(tmp_path, SAMPLES / "glm5-graph-broken-fusion.sqlite", base=load_expectations(GLM))
+    result = nsys_ledger.check(SAMPLES / "glm5-graph-healthy.sqlite", load_expectations(ledger))
+    anchor = next(f for f in result.findings if f.check == "anchor" and f.subject == "per_token_group_quant")
+    assert (anchor.observed, anchor.expected) == ("75", "231")
+    assert "too few" in anchor.message
+
+
+def _plain_count(path: Path, sql: str) -> int:
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+        return db.execute(sql).fetchone()[0]
+
+
+@pytest.mark.skipif(not LLAMA3.is_file(), reason="shared real traces not present")
+def test_learn_on_the_llama3_layer_loop(tmp_path):
+    ledger = load_expectations(_learned(tmp_path, LLAMA3, step_nvtx=r"^token_\d+_processing$"))
+    steps = _plain_count(LLAMA3, "select count(*) from NVTX_EVENTS where text glob 'token_*_processing'")
+    kernels = _plain_count(LLAMA3, "select count(*) from CUPTI_ACTIVITY_KIND_KERNEL")
+    sgemm = _plain_count(LLAMA3, "select count(*) from CUPTI_ACTIVITY_KIND_KERNEL k join StringIds s "
+                                 "on s.id = k.demangledName where s.value like '%sgemm%'")
+    layers = _plain_count(LLAMA3, "select count(distinct text) from NVTX_EVENTS where text glob 'layer_*_computation'")
+    assert (steps, kernels, sgemm, layers) == (64, 1536, 512, 8)
+    assert ledger.params["layers"] == layers
+    assert (ledger.total.low, ledger.total.high) == (kernels // steps,) * 2
+    anchors = {a.op: (a.formula, a.expected.low) for a in ledger.anchors}
+    assert anchors["ampere_sgemm_128x64_nn"] == ("layers", sgemm // steps)
+    assert anchors["distribution_elementwise_grid_stride_kernel"] == ("2 * layers", (kernels - sgemm) // steps)
+    assert nsys_ledger.check(LLAMA3, ledger).verdict == "pass"
+
+
+@pytest.mark.skipif(not NSYS_AI.is_file(), reason="shared real traces not present")
+def test_learn_on_the_nsys_ai_capture(tmp_path):
+    """A 1 s window of a 2-GPU capture without step ranges: each process's capture is a step."""
+    ledger = load_expectations(_learned(tmp_path, NSYS_AI, step_method="capture"))
+    per_device = _plain_count(NSYS_AI, "select count(*) from CUPTI_ACTIVITY_KIND_KERNEL where deviceId = 0")
+    other_device = _plain_count(NSYS_AI, "select count(*) from CUPTI_ACTIVITY_KIND_KERNEL where deviceId = 1")
+    h2d = _plain_count(NSYS_AI, "select count(*) from CUPTI_ACTIVITY_KIND_MEMCPY where copyKind = 1 and deviceId = 0")
+    assert (per_device, other_device, h2d) == (1721, 1721, 225)
+    assert (ledger.total.low, ledger.total.high) == (per_device, per_device)
+    assert (ledger.h2d.per_step.low, ledger.h2d.pageable_allowed) == (h2d, True)
+    result = nsys_ledger.check(NSYS_AI, ledger, step_method="capture")
+    assert result.verdict == "pass", [f.message for f in result.findings]
+    assert sum(a.expected.low for a in ledger.anchors) == per_device
+
+
+def test_learn_command(tmp_path):
+    out = tmp_path / "learned.toml"
+    run = subprocess.run(
+        [sys.executable, "-m", "nsys_ledger.cli", "learn", str(SAMPLES / "glm5-graph-healthy.sqlite"),
+         "--base", str(GLM), "--out", str(out)],
+        capture_output=True, text=True,
+    )
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert lines[0].startswith("learned ") and lines[0].endswith(f"total 2002 kernels per step -> {out}")
+    assert lines[1] == "check of the same traces with it: PASS (all 52 checks passed on 4 decode steps)"
+    # a trace without decode steps: one line, exit 2
+    bad = subprocess.run(
+        [sys.executable, "-m", "nsys_ledger.cli", "learn", str(LLAMA3), "--out", str(tmp_path / "x.toml")],
+        capture_output=True, text=True,
+    )
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+    assert "no decode step found" in bad.stderr
