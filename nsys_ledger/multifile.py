@@ -85,16 +85,20 @@ def expand_trace_paths(paths: Iterable[str | os.PathLike[str]]) -> list[str]:
 
 
 def _directory_traces(directory: str) -> list[str]:
-    names = [entry.name for entry in os.scandir(directory) if entry.is_file()]
+    entries = list(os.scandir(directory))
+    names = [entry.name for entry in entries if entry.is_file()]
     exports = {n for n in names if n.lower().endswith(EXPORT_SUFFIX)}
-    exported_stems = {n[: -len(EXPORT_SUFFIX)].lower() for n in exports}
+    # parquetdir / arrowdir exports inside it (rank0.parquetdir/, ...): one export each
+    exports |= {entry.name for entry in entries if entry.is_dir() and is_table_directory(entry.path)}
+    exported_stems = {n.rsplit(".", 1)[0].lower() for n in exports}
     reports = {
         n for n in names
         if n.lower().endswith(REPORT_SUFFIXES) and n.rsplit(".", 1)[0].lower() not in exported_stems
     }
     chosen = sorted(exports | reports, key=_natural_key)
     if not chosen:
-        raise TraceError(directory, "is a directory without trace files (*.sqlite, *.nsys-rep)")
+        raise TraceError(directory, "is a directory without trace files (*.sqlite, *.nsys-rep, "
+                                    "parquetdir or arrowdir exports)")
     return [os.path.join(directory, n) for n in chosen]
 
 

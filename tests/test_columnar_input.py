@@ -154,6 +154,14 @@ def test_a_parquet_directory_is_one_export_not_a_directory_of_ranks(converted):
     assert expand_trace_paths([directory]) == [str(directory)]
 
 
+def test_a_directory_of_columnar_exports_gives_one_rank_each(tmp_path, converted):
+    for name, fmt in (("rank10.parquetdir", "parquetdir"), ("rank2.arrowdir", "arrowdir")):
+        shutil.copytree(converted(HEALTHY, fmt), tmp_path / name)
+    (tmp_path / "rank2.nsys-rep").write_bytes(b"\x00report of rank 2, exported beside it")
+    (tmp_path / "notes").mkdir()
+    assert expand_trace_paths([tmp_path]) == [str(tmp_path / "rank2.arrowdir"), str(tmp_path / "rank10.parquetdir")]
+
+
 # --------------------------------------------------------------------------------------
 # Bad directories: one line, exit 2, nothing changed
 # --------------------------------------------------------------------------------------
