@@ -397,6 +397,26 @@ def test_built_in_code_writes_formulas_ranges_and_comments(tmp_path):
     assert tomllib.loads(text)["anchors"]["norm"] == {"expected": "2 * layers"}
 
 
+def test_comments_on_defaults_and_on_group_ranges_have_a_place(tmp_path):
+    exp = reload(tmp_path, EAGER, "hand.toml")
+    commented = dataclasses.replace(exp, comments={
+        "graphs": "eager: no graph launches to count",  # a table the ledger leaves out: no place
+        "h2d.pageable_allowed": "no pageable copy in 12 steps",
+        "steps.method": "one NVTX range per step",
+        "layers.classes.all.groups.attention": "1 in 4 of 4 layers",
+    })
+    text = write_expectations(commented)
+    lines = text.splitlines()
+    assert "pageable_allowed = false  # no pageable copy in 12 steps" in lines
+    assert 'method = "nvtx"  # one NVTX range per step' in lines
+    # an inline table cannot hold a comment: the groups get a table of their own
+    groups = lines.index("[layers.classes.all.groups]")
+    assert lines[groups + 1] == "attention = 1  # 1 in 4 of 4 layers"
+    assert "[graphs]" not in text and "no graph launches to count" not in text
+    again = reload(tmp_path, text)
+    assert dataclasses.replace(exp, path=again.path) == again
+
+
 def test_a_changed_model_writes_its_new_numbers_not_the_files_formulas(tmp_path):
     glm = load_expectations(GLM)
     anchors = tuple(

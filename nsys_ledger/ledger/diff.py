@@ -141,8 +141,7 @@ def _params(a: Expectations, b: Expectations) -> Iterator[LedgerChange]:
         return _with_formula(_num(exp.params[name]), exp.written.get(f"params.{name}"))
 
     for name in [*a.params, *(n for n in b.params if n not in a.params)]:
-        before, after = a.params.get(name), b.params.get(name)
-        if before != after or (before is None) != (after is None):
+        if a.params.get(name) != b.params.get(name):
             yield from _value(f"params.{name}", show(a, name), show(b, name))
 
 

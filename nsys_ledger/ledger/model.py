@@ -187,6 +187,8 @@ class Expectations:
     written: dict[str, object] = field(default_factory=dict)
     # A comment per value or table, by dotted TOML key: the writer puts ``# text`` after the
     # value (or above the table header). `nsys-ledger learn` says here how each number was seen.
+    # A comment on something the writer leaves out (an undeclared [graphs]) has no place and is
+    # not written; the reader does not read comments back.
     comments: dict[str, str] = field(default_factory=dict)
 
     def op_regexes(self) -> list[tuple[str, re.Pattern[str] | None]]:

@@ -179,6 +179,11 @@ class LedgerWriter:
         even where its value is the default)."""
         return key in self.written or key in self.comments
 
+    def commented(self, table: str) -> bool:
+        """Whether a comment is attached to `table` or to a key in it (then the table is
+        written even where it holds only defaults, so the comment has a place)."""
+        return any(key == table or key.startswith(f"{table}.") for key in self.comments)
+
     def comment_lines(self, text: str) -> None:
         for line in text.splitlines() or [""]:
             self._lines.append(f"# {line}".rstrip())

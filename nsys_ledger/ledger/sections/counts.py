@@ -21,7 +21,7 @@ _WITH_TOLERANCE = re.compile(r"^(?P<expected>.+) ± (?P<tolerance>.+?)(?P<pct>%?
 _BOUNDS = re.compile(r"^(?:min (?P<min>.+?))?(?:, )?(?:max (?P<max>.+))?$")
 _NUMBER = re.compile(r"^\d+(?:\.\d+)?$")
 
-Counted = tuple[Range, str, "str | None", "str | None"]
+Counted = tuple[Range, str, str | None, str | None]  # range, formula, hint_low, hint_high
 
 
 def read_counted(reader: LedgerReader, table: dict[str, Any], key: str) -> Counted:

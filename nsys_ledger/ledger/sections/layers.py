@@ -255,7 +255,8 @@ def write_layers(out: LedgerWriter, exp: Expectations) -> None:
     rule = exp.layer_rule
     has_table = (exp.layer_regex is not None or exp.layer_opening_op is not None or rule.uniform
                  or any(getattr(rule, name) is not None for name in LAYER_RULE_OPS))
-    if has_table or out.has("layers"):
+    commented = any(f"layers.{name}" in out.comments for name in ("regex", "opening_op", *LAYER_RULE_OPS, "uniform"))
+    if has_table or commented or "layers" in out.comments:
         out.table("layers")
         if exp.layer_regex is not None:
             out.value("layers", "regex", Literal(regex_string(exp.layer_regex)))
@@ -286,11 +287,19 @@ def write_layer_class(out: LedgerWriter, layer_class: LayerClass, nlayers: int) 
     if ckey in out.written and out.reads_as(out.written[ckey], lambda raw: out.reader.whole(raw, ckey),
                                             len(layer_class.layers)):
         out.value(key, "count", out.written[ckey])
-    if layer_class.groups:
-        gkey = f"{key}.groups"
+    if not layer_class.groups:
+        return
+    gkey = f"{key}.groups"
 
-        def read_groups(raw: Any) -> dict[str, Range]:
-            return {g: out.reader.range_value(v, f"{gkey}.{g}") for g, v in raw.items()}
+    def read_groups(raw: Any) -> dict[str, Range]:
+        return {g: out.reader.range_value(v, f"{gkey}.{g}") for g, v in raw.items()}
 
-        plain = {group: range_value(r) for group, r in layer_class.groups.items()}
-        out.value(key, "groups", out.as_written(gkey, layer_class.groups, read_groups, plain))
+    plain = {group: range_value(r) for group, r in layer_class.groups.items()}
+    groups = out.as_written(gkey, layer_class.groups, read_groups, plain)
+    if any(f"{gkey}.{group}" in out.comments for group in groups):
+        # an inline table has no room for comments: one group per line in its own table
+        out.table(gkey)
+        for group, value in groups.items():
+            out.value(gkey, group, value)
+    else:
+        out.value(key, "groups", groups)

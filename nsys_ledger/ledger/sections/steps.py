@@ -54,7 +54,7 @@ def read_steps(reader: LedgerReader, doc: dict[str, Any], ops: dict[str, OpDef])
 
 def write_steps(out: LedgerWriter, exp: Expectations) -> None:
     rule = exp.steps
-    if rule == DEFAULT_STEP_RULE and not out.has("steps"):
+    if rule == DEFAULT_STEP_RULE and not out.commented("steps"):
         return
     out.table("steps")
     out.value("steps", "method", rule.method)

@@ -68,7 +68,7 @@ def read_step_entry_gaps(reader: LedgerReader, doc: dict[str, Any]) -> StepEntry
 
 def write_gaps(out: LedgerWriter, exp: Expectations) -> None:
     default = exp.gap_threshold_ns == int(DEFAULT_GAP_US * 1000)
-    if default and exp.step_entry_gaps is None and not out.has("gaps.threshold_us"):
+    if default and exp.step_entry_gaps is None and not (out.has("gaps.threshold_us") or out.commented("gaps")):
         return
     out.table("gaps")
 
@@ -107,7 +107,7 @@ def read_h2d(reader: LedgerReader, doc: dict[str, Any]) -> H2DRule:
 
 def write_h2d(out: LedgerWriter, exp: Expectations) -> None:
     rule = exp.h2d
-    if rule == DEFAULT_H2D and not out.has("h2d"):
+    if rule == DEFAULT_H2D and not out.commented("h2d"):
         return
     out.table("h2d")
     if rule.per_step != Range(None, None):
@@ -115,8 +115,8 @@ def write_h2d(out: LedgerWriter, exp: Expectations) -> None:
     if rule.max_bytes is not None:
         out.value("h2d", "max_bytes", out.as_written(
             "h2d.max_bytes", rule.max_bytes, lambda raw: out.reader.whole(raw, "h2d.max_bytes"), rule.max_bytes))
-    if not rule.pageable_allowed:
-        out.value("h2d", "pageable_allowed", False)
+    if not rule.pageable_allowed or out.has("h2d.pageable_allowed"):
+        out.value("h2d", "pageable_allowed", rule.pageable_allowed)
 
 
 def written_range(out: LedgerWriter, key: str, r: Range) -> Any:
