@@ -3,8 +3,13 @@
 This docstring is the reference of the expectations TOML format (README's "The ledger format"
 points here). `load_expectations(path)` reads a file into a validated, evaluated
 `Expectations`; `write_expectations(exp)` writes one back as TOML text; `diff_expectations`
-lists what two ledgers disagree on. Each section has its reader and writer side by side in
-`nsys_ledger.ledger.sections`.
+lists what two ledgers disagree on.
+
+Where things are: `model` (the dataclasses the checks read), `load` (file -> `Expectations`),
+`document` (the sections in file order, read and written), `sections/` (one reader and one
+writer per table, side by side), `reading` and `writing` (typed access with key-and-line
+errors; TOML text with comments), `formula` (the safe evaluator), `render`
+(``expectations show``), `diff` (``expectations diff``).
 
 The layout (every table but ``[model]`` and ``[ops]`` may be left out):
 
