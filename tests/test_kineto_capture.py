@@ -103,6 +103,7 @@ def test_layer_attribution_reads_the_capture_time_ranges(tmp_path):
         "capture traces: 544 of 544 replayed graph kernels paired with their capture-time launch; "
         "100.0% have a module or layer (99.3% a layer, 99.4% a named op)"
     )
+    assert not any("--capture" in notice for notice in result.notices)
     # the replay alone: the graph kernels have no capture origin
     alone = check(SGLANG_DECODE, ledger)
     assert alone.layers.kernels_by_how()["capture_nvtx"] == 0

@@ -140,6 +140,10 @@ def test_graph_replays_count_as_node_level_replays(traces, name, graph_kernels):
     assert nodes["graph_id"].unique().to_list() == [1]
     assert (nodes["graph_node_id"] - (1 << 20)).to_list() == list(range(graph_kernels))
     assert trace.meta.cuda_graph_trace == "node"
+    assert trace.meta.warnings == (
+        f"{graph_kernels} kernels were replayed from CUDA/HIP graphs: the trace does not say which module or layer "
+        "captured them; give the capture traces (SGLang --enable-profile-cuda-graph, vLLM) with --capture",
+    )
     result = check(trace)
     assert result.totals.graph_replays == 1
     assert result.step_table["graph_launches"].to_list() == [1]

@@ -39,7 +39,7 @@ import polars as pl
 
 from nsys_ledger.attribution.nvtx_projection import enclosing_ranges, projectable_ranges
 from nsys_ledger.errors import TraceError
-from nsys_ledger.trace.kineto_reader import GRAPH_ID_SHIFT, KINETO_VERSION_SOURCE, load_kineto_capture
+from nsys_ledger.trace.kineto_reader import CAPTURE_HINT, GRAPH_ID_SHIFT, KINETO_VERSION_SOURCE, load_kineto_capture
 from nsys_ledger.trace.model import Trace
 
 I64 = pl.Int64
@@ -131,6 +131,9 @@ def attach_captures(trace: Trace, paths: list[str | os.PathLike[str]]) -> Captur
     paired = pair_nodes(nodes, graphs, all_launches)
     origins = launch_origins(paired, ranges)
     merged = with_capture_origins(trace, origins, ranges)
+    hint_start = CAPTURE_HINT.split("{kernels}")[1][:40]
+    merged = dataclasses.replace(merged, meta=dataclasses.replace(
+        merged.meta, warnings=tuple(w for w in merged.meta.warnings if hint_start not in w)))
     return CaptureAttribution(trace=merged, nodes=origins.select(list(NODE_SCHEMA)), graphs=graphs)
 
 

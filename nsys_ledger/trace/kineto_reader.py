@@ -65,6 +65,11 @@ _LOW24 = 0xFFFFFF
 # Above 2**43 µs a double's spacing exceeds 1 ns: the decimal text must be read exactly.
 _EXACT_FLOAT_LIMIT_US = float(2**43)
 GRAPH_ID_SHIFT = 20  # graph_node_id = graph_id << 20 | position in the replay
+# A Kineto replay has no record of where its graph kernels were captured (nsys has node rows).
+CAPTURE_HINT = (
+    "{kernels} kernels were replayed from CUDA/HIP graphs: the trace does not say which module or layer "
+    "captured them; give the capture traces (SGLang --enable-profile-cuda-graph, vLLM) with --capture"
+)
 
 # The categories that carry GPU work, host calls and ranges; every other category is ignored.
 KERNEL_CATS = ("kernel",)
@@ -420,7 +425,9 @@ class _Builder:
         }
         for kind, df in frames.items():
             frames[kind] = df.select(list(FRAME_SCHEMAS[kind])).cast(FRAME_SCHEMAS[kind])
-        graph_kernels = frames["kernels"]["graph_node_id"].is_not_null().any()
+        graph_kernels = int(frames["kernels"]["graph_node_id"].is_not_null().sum())
+        if graph_kernels:
+            self.warnings.append(CAPTURE_HINT.format(kernels=graph_kernels))
         rank, world_size = self._distributed()
         meta = TraceMeta(
             nsys_version=None,
