@@ -263,3 +263,21 @@ def test_bad_kineto_input_through_the_console_entry(tmp_path):
     assert run.stdout == ""
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and str(path) in lines[0] and problem in lines[0], run.stderr
+
+
+def test_odd_field_types_take_the_generic_path(tmp_path):
+    """Quoted numbers, an `args` that is not an object and a string pid do not stop the reader."""
+    path = tmp_path / "odd.json"
+    path.write_text(
+        '{"traceEvents": ['
+        '{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": "7", "tid": 7,'
+        ' "ts": "100.5", "dur": 2, "args": {"correlation": "5"}},'
+        '{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 101.25, "dur": 1,'
+        ' "args": {"device": 0, "stream": 7, "correlation": 5}},'
+        '{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 7, "tid": 7, "ts": 100, "dur": 4, "args": "none"},'
+        '{"ph": "M", "name": "process_name", "pid": "Spans", "tid": "PyTorch Profiler", "args": {"name": 3}}]}'
+    )
+    trace = load_trace(path)
+    assert trace.api_calls.select("start", "end", "pid", "correlation").row(0) == (100500, 102500, 7, 5)
+    assert trace.kernels.select("start", "end", "pid").row(0) == (101250, 102250, 7)
+    assert trace.nvtx.select("name", "start", "end").row(0) == ("aten::mm", 100000, 104000)
