@@ -7,6 +7,8 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nsys_ledger.ledger import (
     Anchor,
@@ -23,6 +25,7 @@ from nsys_ledger.ledger import (
     load_expectations,
     write_expectations,
 )
+from nsys_ledger.ledger.writing import key_text, regex_string, value_text
 
 ROOT = Path(__file__).resolve().parents[1]
 GLM = ROOT / "expectations" / "glm-5.3-tp8-ep8.toml"
@@ -469,3 +472,18 @@ def test_the_format_reference_names_every_key_the_readers_accept():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert "## The ledger format" in readme
     assert "nsys_ledger/ledger/__init__.py" in readme
+
+
+# ---- any text survives the writer's strings ------------------------------------------------
+
+# any Unicode text but surrogates, which UTF-8 (and so TOML) cannot hold
+TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(TEXT)
+def test_any_text_reads_back_as_a_value_a_regex_and_a_key(text):
+    assert tomllib.loads(f"v = {value_text(text)}\n")["v"] == text
+    assert tomllib.loads(f"v = {regex_string(text)}\n")["v"] == text
+    if text:
+        assert tomllib.loads(f"{key_text(text)} = 1\n") == {text: 1}
