@@ -347,6 +347,11 @@ def built_in_code() -> Expectations:
         ),
         layer_opening_op="norm",
         layer_rule=LayerRule(uniform=True),
+        written={
+            "params.moe_layers": "layers - dense_layers",
+            "layers.classes.moe.count": "moe_layers",
+            "layers.classes.dense.count": "dense_layers + 1",  # wrong: 4 layers, not 3; not written
+        },
         comments={
             "params.layers": "61 layers seen in every step",
             "anchors.norm.expected": "122 in 12 of 12 steps (stable)",
@@ -375,12 +380,15 @@ def test_built_in_code_writes_formulas_ranges_and_comments(tmp_path):
         'layers = "0-2"',
         'layers = "3-60"',
         'groups = { attention = "12-14", ffn = "7-9" }',
+        'moe_layers = "layers - dense_layers"',
+        'count = "moe_layers"',
         'expected = "900-1300"  # 912-1093 over 12 steps',
     ):
         assert line in lines, line
     # a comment with a line break goes above its table, line by line
     moe = lines.index("[anchors.moe]")
     assert lines[moe - 2:moe] == ["# varied 56-60 across steps:", "# written as a range"]
+    assert 'count = "dense_layers + 1"' not in lines
     # the stale formula is not written: the number is
     gemm = lines.index("[anchors.gemm]")
     assert lines[gemm + 1] == "expected = 3"

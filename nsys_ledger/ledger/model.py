@@ -183,7 +183,9 @@ class Expectations:
     # Every number, range and layer list exactly as the file wrote it (formulas, "a-b", tables),
     # by dotted TOML key (``params.moe_layers``, ``anchors.sparse_mla.expected``,
     # ``ops.o_proj.gemm``, ``layers.classes.moe.groups``): the writer puts these back instead of
-    # the evaluated numbers, so a ledger keeps its formulas. Empty for a ledger built in code.
+    # the evaluated numbers, so a ledger keeps its formulas. Code building a ledger may set
+    # forms here too (``{"layers.classes.moe.count": "moe_layers"}``); the writer uses a form
+    # only while it still reads as the model's value.
     written: dict[str, object] = field(default_factory=dict)
     # A comment per value or table, by dotted TOML key: the writer puts ``# text`` after the
     # value (or above the table header). `nsys-ledger learn` says here how each number was seen.
