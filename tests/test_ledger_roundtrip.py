@@ -258,7 +258,23 @@ groups = { attention = 1 }
 """
 
 
-@pytest.mark.parametrize("text", [EVERY_FORM, MINIMAL, EAGER], ids=["every-form", "minimal", "eager"])
+ONE_ITERATION = """
+[model]
+name = "one iteration captured: the whole capture is the step"
+
+[steps]
+method = "capture"
+
+[ops.gemm]
+patterns = ["sgemm"]
+
+[total]
+expected = 1721
+"""
+
+
+@pytest.mark.parametrize("text", [EVERY_FORM, MINIMAL, EAGER, ONE_ITERATION],
+                         ids=["every-form", "minimal", "eager", "one-iteration"])
 def test_hand_written_round_trip(tmp_path, text):
     exp = reload(tmp_path, text, "hand.toml")
     assert_round_trip(tmp_path, exp)
@@ -477,6 +493,8 @@ def test_the_format_reference_names_every_key_the_readers_accept():
             *layers.CLASS_KEYS)
     for key in keys:
         assert f"{key} =" in reference or f"[layers.{key}" in reference, key
+    for method in steps.STEP_METHODS:
+        assert f'"{method}"' in reference, method
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert "## The ledger format" in readme
     assert "nsys_ledger/ledger/__init__.py" in readme

@@ -16,9 +16,10 @@ The layout (every table but ``[model]`` and ``[ops]`` may be left out):
 ```toml
 [model]    name = "...", description = "..."
 [params]   layers = 78, moe_layers = "layers - dense_layers"   # numbers or formulas
-[steps]    method = "auto" | "nvtx" | "graph" | "marker"
+[steps]    method = "auto" | "nvtx" | "graph" | "marker" | "capture"
            nvtx = REGEX, marker = REGEX (or marker_op = OP), exclude_nvtx = REGEX,
            exclude_ops = [OP, ...]
+           (capture: each process's whole capture is one step, for a one-iteration capture)
 [ops.NAME] patterns = [REGEX, ...], group = "attention", description = "...",
            gemm = { n = F, k = F, kind = KIND } or [ {...}, ... ], fallback = BOOL
            (declaration order is match priority: the first op whose pattern or GEMM shape
