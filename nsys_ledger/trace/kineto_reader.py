@@ -28,7 +28,8 @@ replay, ``graph_id << 20 | position``. So replays are counted by the same machin
 Timestamps are microseconds (Chrome trace format) with up to three decimals, or nanoseconds
 when `displayTimeUnit` is "ns". They become integer nanoseconds without losing a digit: the
 integer and fractional parts are converted apart, and where a double cannot hold the decimal
-text to the nanosecond (|ts| >= 2**43 µs with fractions), the numbers are read again as text.
+text to the nanosecond (non-integer values at or above 2**43 µs, e.g. epoch microseconds with
+decimals), the numbers are read again as text.
 
 Parsing uses msgspec with typed structs (about 2.5x the standard library's speed on real
 traces, docs/performance.md): only the fields used are materialized, the rest of each event
@@ -43,7 +44,8 @@ import re
 import stat
 import zlib
 from collections import defaultdict
-from operator import attrgetter
+from itertools import repeat
+from operator import attrgetter, is_
 from pathlib import Path
 from typing import Any, Union
 
@@ -386,13 +388,13 @@ class _Builder:
         self.warnings: list[str] = []
         unit = document.displayTimeUnit
         self.unit_ns = 1 if isinstance(unit, str) and unit.strip().lower() == "ns" else 1000
+        self._exact: tuple[pl.Series, pl.Series] | None = None  # every event's times, read as text
 
     def build(self, events: list[_Event]) -> Trace:
         by_cat: dict[str | None, list[int]] = defaultdict(list)
         for index, cat in enumerate(map(_CAT, events)):
             by_cat[cat].append(index)
         self.events = events
-        self.times = self._times(events)
         gpu_cats = (*KERNEL_CATS, *MEMCPY_CATS, *MEMSET_CATS, *SYNC_CATS, *GPU_RANGE_CATS)
         if not any(by_cat.get(c) for c in (*gpu_cats, *RUNTIME_CATS, *DRIVER_CATS, *CPU_RANGE_CATS)):
             if not events:
@@ -449,15 +451,6 @@ class _Builder:
 
     # -- times -------------------------------------------------------------------------
 
-    def _times(self, events: list[_Event]) -> tuple[pl.Series, pl.Series]:
-        """Start and duration of every event in integer ns (null where absent)."""
-        ts = pl.Series("ts", list(map(_TS, events)), strict=False)
-        dur = pl.Series("dur", list(map(_DUR, events)), strict=False)
-        start, duration = self._to_ns(ts), self._to_ns(dur)
-        if self._needs_exact_text(ts):
-            start, duration = self._exact_times(len(events))
-        return start, duration.fill_null(0)
-
     def _to_ns(self, series: pl.Series) -> pl.Series:
         if series.dtype == STR or series.dtype == pl.Object:
             return decimal_text_to_ns(series.cast(STR), self.unit_ns)
@@ -465,13 +458,13 @@ class _Builder:
             return series.cast(I64) * self.unit_ns
         return float_to_ns(series, self.unit_ns)
 
-    def _needs_exact_text(self, floats: pl.Series) -> bool:
-        if self.unit_ns == 1:
+    def _needs_exact_text(self, ts: pl.Series) -> bool:
+        """Whether some decimal number may have lost digits as a double: a non-integer literal
+        (the decoder gives integer literals as int) at or above 2**43 µs, where a double's
+        spacing exceeds half a nanosecond (at 1.7e15 µs, epoch time, it is a quarter µs)."""
+        if self.unit_ns == 1 or not ts.dtype.is_float():
             return False
-        if not floats.dtype.is_float():
-            return False
-        big = floats.filter(floats.abs() >= _EXACT_FLOAT_LIMIT_US)
-        return big.len() > 0 and bool((big != big.floor()).any())
+        return bool((ts.abs() >= _EXACT_FLOAT_LIMIT_US).any())
 
     def _exact_times(self, count: int) -> tuple[pl.Series, pl.Series]:
         raw = msgspec.json.decode(self.data, type=_RawDocument).traceEvents
@@ -482,10 +475,21 @@ class _Builder:
         return decimal_text_to_ns(ts, self.unit_ns), decimal_text_to_ns(dur, self.unit_ns)
 
     def _span(self, rows: list[int]) -> tuple[pl.Series, pl.Series]:
-        index = pl.Series(rows, dtype=pl.UInt32)
-        start = self.times[0].gather(index).alias("start")
-        end = (start + self.times[1].gather(index)).alias("end")
-        return start, end
+        """Start and end in integer ns of the events at `rows`. Only the events a frame uses are
+        converted (a `with_stack` trace holds ten times as many python_function events); each
+        set is checked on its own for values a double cannot hold to the nanosecond."""
+        events = self._events(rows)
+        ts = pl.Series("ts", list(map(_TS, events)), strict=False)
+        if self._needs_exact_text(ts):
+            if self._exact is None:
+                self._exact = self._exact_times(len(self.events))
+            index = pl.Series(rows, dtype=pl.UInt32)
+            start, duration = self._exact[0].gather(index), self._exact[1].gather(index)
+        else:
+            start = self._to_ns(ts)
+            duration = self._to_ns(pl.Series("dur", list(map(_DUR, events)), strict=False))
+        start = start.alias("start")
+        return start, (start + duration.fill_null(0)).alias("end")
 
     def _column(self, rows: list[int], getter) -> list:
         return list(map(getter, self._events(rows)))
@@ -544,7 +548,7 @@ class _Builder:
         start, end = self._span(rows)
         events = self._events(rows)
         args = list(map(_ARGS, events))
-        if None in args:
+        if any(map(is_, args, repeat(None))):  # by identity: `None in args` calls each struct's __eq__
             args = [a if a is not None else _NO_ARGS for a in args]
         device = _as_int(list(map(_DEVICE, args)), "device")
         stream = _as_int(list(map(_STREAM, args)), "stream")
@@ -596,10 +600,12 @@ class _Builder:
             pl.int_range(pl.len()).over("pid", "correlation").cast(I64).alias("_position")
         )
         # one graph per distinct node sequence: the same id for every replay of one graph
+        # a 64-bit hash of the ordered name sequence: joining 2000 names per replay into one
+        # string cost 2 s at 1M kernels
         signatures = nodes.group_by("pid", "correlation", maintain_order=True).agg(
-            pl.col("name").fill_null("").str.join("\x1f").alias("_sequence"),
+            pl.col("name").fill_null("").hash().alias("_sequence"),
             pl.col("start").min().alias("_first"),
-        )
+        ).with_columns(pl.col("_sequence").hash())
         graphs = (
             signatures.group_by("pid", "_sequence").agg(pl.col("_first").min())
             .sort("pid", "_first")
