@@ -12,7 +12,7 @@ from typing import Any
 from nsys_ledger.ledger.formula import Number
 from nsys_ledger.ledger.model import Anchor, Expectations, OpDef, Range
 from nsys_ledger.ledger.reading import LedgerReader, short_list, shown, type_name
-from nsys_ledger.ledger.writing import LedgerWriter, range_value
+from nsys_ledger.ledger.writing import LedgerWriter
 
 COUNT_KEYS = ("expected", "tolerance", "tolerance_pct", "min", "max", "hint_low", "hint_high")
 _RANGE_KEYS = ("expected", "tolerance", "tolerance_pct", "min", "max")
@@ -122,13 +122,12 @@ def keys_from_formula(formula: str) -> dict[str, Any]:
 
 
 def keys_from_range(r: Range) -> dict[str, Any]:
-    """The count keys for a range of plain numbers: ``expected = 3`` or ``"7-9"``, else min/max."""
-    value = range_value(r)
-    if isinstance(value, dict):
-        return value or {"min": 0}  # any count: a count table needs a bound
-    if isinstance(value, list):
-        return {"min": value[0], "max": value[1]}
-    return {"expected": value}
+    """The count keys for a range of plain numbers: ``expected = 3``, else ``min``/``max`` (one
+    line each, so each bound can carry its comment: how `learn` saw it)."""
+    if r.low is not None and r.low == r.high:
+        return {"expected": r.low}
+    bounds = {name: bound for name, bound in (("min", r.low), ("max", r.high)) if bound is not None}
+    return bounds or {"min": 0}  # any count: a count table needs a bound
 
 
 def count_keys(out: LedgerWriter, key: str, expected: Range, formula: str | None) -> dict[str, Any]:
