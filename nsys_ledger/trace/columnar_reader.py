@@ -126,9 +126,13 @@ class _ColumnarTables:
         if file.suffix.lower() == ".parquet":
             return pl.scan_parquet(file)
         self._schema(table)
-        if self._stream_format[table]:  # no random access: read only the needed columns
+        if self._stream_format[table]:
+            # A stream has no footer to find a column by: read it batch by batch and keep only
+            # the needed columns of each, so the other columns never pile up in memory.
             with pa.OSFile(str(file), "rb") as fh:
-                arrow = ipc.open_stream(fh).read_all().select(needed)
+                reader = ipc.open_stream(fh)
+                schema = pa.schema([reader.schema.field(name) for name in needed])
+                arrow = pa.Table.from_batches([batch.select(needed) for batch in reader], schema=schema)
             frame = pl.from_arrow(arrow, rechunk=False)
             assert isinstance(frame, pl.DataFrame)
             return frame.lazy()
