@@ -190,7 +190,9 @@ class StepTruth:
     graph_launch_correlation_ids: tuple[int, ...]
     sampling_correlation_id: int
     max_gap_ns: int  # largest device idle gap (all streams merged) inside [start, end]
-    gaps_over_threshold: int  # gaps > GAP_THRESHOLD_NS inside [start, end]
+    # gaps > GAP_THRESHOLD_NS inside [start, end], except the planned step-entry launch gap (the
+    # price of the launch, not a fault); a longer entry gap (the host arrived late) counts
+    gaps_over_threshold: int
     # graph mode: device idle time from the end of the step's last H2D copy before its first
     # replay to that replay's first kernel (the launch latency; STEP_ENTRY_GAP_NS when the host
     # was on time). None in eager mode.
@@ -1173,6 +1175,8 @@ def _step_truth(rs: _Rank, p: _PassRecord) -> StepTruth:
         last_copy_end = max(o.end for o in p.copies if o.start < first)
         entry_gap = first - last_copy_end
         after_entry = _merged_gaps(p.ops, first, end)[0]
+        if entry_gap == step_entry_gap_ns(rs.cfg.seed, rs.rank, p.step):
+            n_over -= 1  # the host was on time: the planned launch gap is not a fault
     return StepTruth(rs.rank, p.step, start, end, sum(1 for o in p.ops if o.kind == "k"),
                      len(p.copies), tuple(p.launches), p.sampling.corr, max_gap, n_over,
                      entry_gap, after_entry)
