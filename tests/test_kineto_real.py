@@ -281,3 +281,14 @@ def test_odd_field_types_take_the_generic_path(tmp_path):
     assert trace.api_calls.select("start", "end", "pid", "correlation").row(0) == (100500, 102500, 7, 5)
     assert trace.kernels.select("start", "end", "pid").row(0) == (101250, 102250, 7)
     assert trace.nvtx.select("name", "start", "end").row(0) == ("aten::mm", 100000, 104000)
+
+
+def test_display_time_unit_does_not_change_the_unit(tmp_path):
+    """libkineto writes `ts` in µs even with `displayTimeUnit: "ns"` (a viewer setting)."""
+    path = tmp_path / "ns.json"
+    path.write_text(
+        '{"displayTimeUnit": "ns", "baseTimeNanoseconds": 1767189312000000000, "traceEvents": ['
+        '{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 1365627866520.196, "dur": 2.08,'
+        ' "args": {"device": 0, "stream": 7, "correlation": 5}}]}'
+    )
+    assert load_trace(path).kernels.select("start", "end").row(0) == (1365627866520196, 1365627866522276)

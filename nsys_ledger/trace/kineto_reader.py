@@ -25,11 +25,14 @@ CUDA/HIP graphs: a replayed kernel carries the correlation id of the `cudaGraphL
 replay, ``graph_id << 20 | position``. So replays are counted by the same machinery as
 `--cuda-graph-trace=node` exports, and the same node of two replays has the same id.
 
-Timestamps are microseconds (Chrome trace format) with up to three decimals, or nanoseconds
-when `displayTimeUnit` is "ns". They become integer nanoseconds without losing a digit: the
-integer and fractional parts are converted apart, and where a double cannot hold the decimal
-text to the nanosecond (non-integer values at or above 2**43 µs, e.g. epoch microseconds with
-decimals), the numbers are read again as text.
+Timestamps are microseconds with up to three decimals (`ts`, `dur`), whatever
+`displayTimeUnit` says: libkineto formats every time as ``<ns / 1000>.<ns % 1000>`` and
+`displayTimeUnit: "ns"` only tells the viewer how to show them; they are relative to
+`baseTimeNanoseconds` in recent traces, which is left out (all files of one run share it).
+They become integer nanoseconds without losing a digit: the integer and fractional parts
+are converted apart, and where a double cannot hold the decimal text to the nanosecond
+(non-integer values at or above 2**43 µs, e.g. epoch microseconds with decimals), the numbers
+are read again as text.
 
 Parsing uses msgspec with typed structs (about 2.5x the standard library's speed on real
 traces, docs/performance.md): only the fields used are materialized, the rest of each event
@@ -386,8 +389,7 @@ class _Builder:
         self.document = document
         self.data = data
         self.warnings: list[str] = []
-        unit = document.displayTimeUnit
-        self.unit_ns = 1 if isinstance(unit, str) and unit.strip().lower() == "ns" else 1000
+        self.unit_ns = 1000  # µs (see the module docstring)
         self._exact: tuple[pl.Series, pl.Series] | None = None  # every event's times, read as text
 
     def build(self, events: list[_Event]) -> Trace:
@@ -462,7 +464,7 @@ class _Builder:
         """Whether some decimal number may have lost digits as a double: a non-integer literal
         (the decoder gives integer literals as int) at or above 2**43 µs, where a double's
         spacing exceeds half a nanosecond (at 1.7e15 µs, epoch time, it is a quarter µs)."""
-        if self.unit_ns == 1 or not ts.dtype.is_float():
+        if not ts.dtype.is_float():
             return False
         return bool((ts.abs() >= _EXACT_FLOAT_LIMIT_US).any())
 
