@@ -1,8 +1,8 @@
 """`check --trace-out`: the drawn decode steps as a Chrome trace, from SQLite and Kineto input.
 
 Each file is loaded back with `json` and its events are counted against the Result they came
-from (the kernels of the drawn steps, their copies, launch calls, gaps and findings) and against
-literal figures of the samples.
+from (the kernels of the drawn steps, their copies, launch calls, gaps and findings), and for
+the real SGLang trace against literal figures counted from its JSON.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import pytest
 
 from nsys_ledger.api import check
 from nsys_ledger.report.chrome_trace import GAPS_TID, STEPS_TID, chrome_trace_document, gpu_pid, host_pid
+from nsys_ledger.report.selection import parse_step_list, select_steps
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "sample_traces"
@@ -45,35 +46,42 @@ def _kinds(document: dict) -> collections.Counter:
 
 
 def test_broken_fusion_sample_from_the_command_line(tmp_path):
-    """The worst step (named by the 4 findings) and the representative one, 2158 kernels each."""
+    """The worst step (named by the findings) and the representative one, every kernel of both.
+    The samples are regenerated now and then: their figures are taken from the Result."""
+    trace = SAMPLES / "glm5-graph-broken-fusion.sqlite"
     out = tmp_path / "steps.json"
-    run = _run_cli("check", str(SAMPLES / "glm5-graph-broken-fusion.sqlite"), "--expect", str(GLM),
-                   "--trace-out", str(out))
+    run = _run_cli("check", str(trace), "--expect", str(GLM), "--trace-out", str(out))
     assert run.returncode == 1, run.stderr
     assert f"trace-out {out}" in run.stdout
+    result = check(trace, GLM)
+    drawn = pl.DataFrame([(s.rank, s.step) for s in select_steps(result)], schema=["rank", "step"], orient="row")
     document = json.loads(out.read_text())
     kinds = _kinds(document)
-    assert kinds[("X", "kernel")] == 2 * 2158
+    assert kinds[("X", "kernel")] == result.step_table.join(drawn, on=["rank", "step"])["kernels"].sum()
     assert kinds[("X", "step")] == 2
-    assert kinds[("i", "finding")] == 4 * 2  # every finding names all four steps, two are drawn
-    assert kinds[("X", "api_graph_launch")] == 2
+    named = sum(parse_step_list(f.steps, result.step_table).join(drawn, on=["rank", "step"]).height
+                for f in result.findings)
+    assert kinds[("i", "finding")] == named > 0
+    assert kinds[("X", "api_graph_launch")] == result.step_table.join(drawn, on=["rank", "step"])[
+        "graph_launches"].sum()
     steps = sorted(e["args"]["role"] for e in document["traceEvents"] if e.get("cat") == "step")
     assert steps == ["representative", "worst"]
-    assert "worst rank 0 step 0" in document["otherData"]["nsys_ledger"]
+    worst = [s for s in select_steps(result) if s.role == "worst"][0]
+    assert f"worst rank {worst.rank} step {worst.step}" in document["otherData"]["nsys_ledger"]
 
 
 def test_events_match_the_result_of_a_gap_sample():
     result = check(SAMPLES / "glm5-graph-caused-gaps.sqlite", GLM)
     document = json.loads(json.dumps(chrome_trace_document(result)))
     drawn = {(e["args"]["rank"], e["args"]["step"]) for e in document["traceEvents"] if e.get("cat") == "step"}
-    assert drawn == {(0, 0), (0, 1)}
+    assert drawn == {(s.rank, s.step) for s in select_steps(result)}
     steps = pl.DataFrame(sorted(drawn), schema={"rank": pl.Int64, "step": pl.Int64}, orient="row")
     activities = result.steps.activities.join(steps, on=["rank", "step"])
     kinds = _kinds(document)
-    assert kinds[("X", "kernel")] == activities.filter(pl.col("activity") == "kernel").height == 4004
+    assert kinds[("X", "kernel")] == activities.filter(pl.col("activity") == "kernel").height > 0
     assert kinds[("X", "memcpy")] == activities.filter(pl.col("activity") == "memcpy").height
     gaps = result.gaps.join(steps, on=["rank", "step"])
-    assert kinds[("X", "gap")] == gaps.height == 10
+    assert kinds[("X", "gap")] == gaps.height > 0
     gap_events = [e for e in document["traceEvents"] if e.get("cat") == "gap"]
     assert {e["args"]["cause"] for e in gap_events} == set(gaps["cause"].to_list())
     assert all(e["tid"] == GAPS_TID and e["name"] == f"gap: {e['args']['cause']}" for e in gap_events)
