@@ -335,3 +335,15 @@ def test_synth_refuses_a_directory_that_is_not_empty(tmp_path):
     assert run.exit_code == 2
     assert "exists and is not an empty directory" in run.output
     assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
+
+
+def test_the_converter_without_the_fast_driver_writes_the_same_tables(tmp_path, monkeypatch, converted):
+    """The converter reads through ADBC when it can and through sqlite3 otherwise (and for any
+    table ADBC cannot type): both give the same files' contents."""
+    monkeypatch.setenv("NSYS_LEDGER_READER", "sqlite3")
+    slow = tmp_path / "slow.parquetdir"
+    write_columnar(HEALTHY, slow, "parquetdir")
+    fast = converted(HEALTHY, "parquetdir")
+    assert sorted(p.name for p in slow.iterdir()) == sorted(p.name for p in fast.iterdir())
+    for file in sorted(fast.iterdir()):
+        assert pq.read_table(slow / file.name).equals(pq.read_table(file)), file.name
