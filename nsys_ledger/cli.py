@@ -123,9 +123,12 @@ def check(traces, captures, trace_out, expect, step_nvtx, step_method, gap_us, b
     """Count the kernels of every decode step in TRACE and compare them with the ledger.
 
     \b
+    TRACE: an SQLite export, an `nsys export --type parquetdir` / `arrowdir` directory, or an
+    .nsys-rep report (exported once with nsys, kept beside it; --no-cache to skip).
     Several TRACEs (files, directories, glob patterns) are one export per rank: each is
-    checked in its own process and the ranks are stacked (rank = file order, then process
-    order in a file), e.g. `nsys-ledger check rank*.sqlite --expect ledger.toml`.
+    checked in its own process (or on a Dask cluster with --dask) and the ranks are stacked
+    (rank = file order, then process order in a file), e.g.
+    `nsys-ledger check rank*.sqlite --expect ledger.toml`.
 
     \b
     Exit codes: 0 pass (or summary without --expect), 1 ledger violated, 2 bad input.
