@@ -292,3 +292,38 @@ def test_display_time_unit_does_not_change_the_unit(tmp_path):
         ' "args": {"device": 0, "stream": 7, "correlation": 5}}]}'
     )
     assert load_trace(path).kernels.select("start", "end").row(0) == (1365627866520196, 1365627866522276)
+
+
+QWEN2_LEDGER = r"""
+[model]
+name = "Qwen1.5-0.5B generate, Hugging Face eager"
+
+[params]
+layers = 24
+
+[steps]
+method = "nvtx"
+nvtx = '^ProfilerStep#\d+$'
+
+[ops.rmsnorm]
+patterns = ['rms', 'norm']
+
+[layers]
+regex = 'nn\.Module: Qwen2DecoderLayer_(\d+)'
+"""
+
+
+@needs_traces
+def test_module_ranges_give_layers_to_eager_kernels(traces, tmp_path):
+    """`with_modules` traces: NVTX projection through the `nn.Module: Qwen2DecoderLayer_<n>`
+    ranges gives the eager kernels of the H100 step their layer. 1,029 of the 1,465 kernels
+    have their launch call in the trace (436 were launched before the recorded calls begin);
+    all 1,029 run inside `ProfilerStep#6`."""
+    ledger = tmp_path / "qwen2.toml"
+    ledger.write_text(QWEN2_LEDGER)
+    result = check(traces[H100], ledger)
+    assert result.step_table["kernels"].to_list() == [1029]
+    assert result.layers.kernels_by_how()["replay_nvtx"] == 1008
+    assert result.layers.assignments["layer"].drop_nulls().unique().sort().to_list() == list(range(24))
+    launched = traces[H100].kernels.join(traces[H100].api_calls, on=["pid", "correlation"], how="semi")
+    assert launched.height == 1029
