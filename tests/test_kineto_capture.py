@@ -119,3 +119,9 @@ def test_a_capture_directory_and_a_missing_capture(tmp_path):
     empty.mkdir()
     with pytest.raises(TraceError, match="without capture traces"):
         attach_captures(load_trace(SGLANG_DECODE), [empty])
+
+
+def test_capture_needs_a_pytorch_profiler_replay():
+    nsys = ROOT / "sample_traces" / "glm5-graph-healthy.sqlite"
+    with pytest.raises(TraceError, match="pairs a PyTorch profiler trace with its capture traces"):
+        attach_captures(load_trace(nsys), [SGLANG_CAPTURE])

@@ -117,6 +117,9 @@ def capture_files(paths: list[str | os.PathLike[str]]) -> list[Path]:
 
 def attach_captures(trace: Trace, paths: list[str | os.PathLike[str]]) -> CaptureAttribution:
     """Pair the graph kernels of `trace` with the launches recorded in the capture traces."""
+    if trace.meta.version_source != KINETO_VERSION_SOURCE:
+        raise TraceError(trace.path, "--capture pairs a PyTorch profiler trace with its capture traces; an nsys "
+                                     "export records where its graph nodes were captured itself")
     launches, ranges = [], []
     for index, path in enumerate(capture_files(paths)):
         capture, launch_kernels = load_kineto_capture(path)
