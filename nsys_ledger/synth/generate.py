@@ -28,9 +28,10 @@ graph mode (`--cuda-graph-trace=node`)
     before the prefill here. With `capture_batch_sizes` one graph is captured per batch size,
     largest first (each under its own layer-wise NVTX ranges, whose inputs carry that size),
     and decode replays the one of `batch`; with `clone_links` > 1 each exec node is a clone of
-    a clone of ... the capture node. The scheduler overlaps CPU and GPU (it issues step k+1 while the
-    GPU runs step k and only then waits for step k), so the host runs ahead of the GPU and a
-    healthy step has no device idle gap above the 0.5-1 µs node-to-node gap. (The first
+    a clone of ... the capture node. The scheduler overlaps CPU and GPU (it issues step k+1
+    while the GPU runs step k and only then waits for step k), so inside a replay the host is
+    ahead and a healthy step has no device idle gap above the 0.5-1 µs node-to-node gap
+    except its step entry (below). (The first
     decode step queues behind the prefill; with prefill=False it starts on an idle GPU and
     its first copies are host bound.)
 eager mode
@@ -40,6 +41,11 @@ eager mode
     waits for each pass before the next, so the GPU waits on the host: host bound, many
     small gaps.
 
+This module is the timeline: what runs when, on which stream, launched by which call, as
+format-free records (GPU activities, API calls, NVTX ranges, syncs, graph events). The nsys
+SQLite format of those records (StringIds, global ids, the tables of each nsys release) is
+synth/nsys_sqlite.py; another format (a Kineto trace) can be written from the same records.
+
 All timestamps are integer ns. Everything is deterministic for a given seed. The timeline is
 the same in every export layout; the newest (2026.2) writes the activity tables' rows in
 buffer-interleaved order rather than by start, as nsys 2025.6+ may (readers must sort).
@@ -48,7 +54,6 @@ DeepGEMM kernels are named in the layout of `deepgemm_layout` (synth/deepgemm.py
 
 from __future__ import annotations
 
-import re
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -59,8 +64,8 @@ import numpy as np
 
 from nsys_ledger.synth import schedule as S
 from nsys_ledger.synth.nsys_schema import ERA_2026_2, SchemaEra
+from nsys_ledger.synth.nsys_sqlite import CaptureFacts, NsysSqliteExport
 from nsys_ledger.synth.schema_eras import era_for_version
-from nsys_ledger.synth.writer import SqliteTraceWriter
 
 FAULTS = ("broken_fusion", "chunked_indexer", "extra_gaps", "extra_h2d", "split_graph",
           "layer_fault", "pageable_h2d", "extra_gaps_host", "extra_gaps_sync",
@@ -100,7 +105,6 @@ LAUNCH_TO_KERNEL_NS = (300, 900)
 GRAPH_LAUNCH_BASE_NS = 2_500
 GRAPH_LAUNCH_PER_NODE_NS = 2.5
 
-VM_BITS = 1 << 48  # <HW:8=0><VM:8=1> as in the real exports
 PID_BASE = 2841
 T0 = 41_203_517_112  # session start on the trace clock
 STREAM_NULL, STREAM_POOL, STREAM_MAIN, STREAM_ALT = 7, 13, 20, 24
@@ -118,36 +122,9 @@ API_STREAM_SYNC = "cudaStreamSynchronize_v3020"
 # 2021 exports hold the launches as driver calls (eventClass 1; driver names carry no suffix)
 API_DRIVER_LAUNCH = "cuLaunchKernel"
 API_DRIVER_GRAPH_LAUNCH = "cuGraphLaunch"
-EC_BACKTRACE = 67  # 2022 exports: a CUDA backtrace row duplicating each runtime call
-_VERSION_SUFFIX = re.compile(r"_v\d+$")  # backtrace rows name the call without it
-
-EC_NODE_CREATE = 77  # ENUM_NSYS_EVENT_CLASS: CUDA graph node creation
-EC_GRAPHEXEC_CREATE = 94
-EC_GRAPH_CREATE = 95
-NVTX_PUSHPOP = 59
-
-KERNEL_COLS = (
-    "start", "end", "deviceId", "contextId", "greenContextId", "streamId", "correlationId",
-    "globalPid", "demangledName", "shortName", "mangledName", "launchType", "cacheConfig",
-    "registersPerThread", "gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ",
-    "staticSharedMemory", "dynamicSharedMemory", "localMemoryPerThread", "localMemoryTotal",
-    "gridId", "sharedMemoryExecuted", "graphNodeId", "sharedMemoryLimitConfig", "graphId",
-    "clusterX", "clusterY", "clusterZ", "clusterSchedulingPolicy", "maxPotentialClusterSize",
-    "maxActiveClusters", "tensorSizeMinusOneElements")
-MEMCPY_COLS = ("start", "end", "deviceId", "contextId", "greenContextId", "streamId",
-               "correlationId", "globalPid", "bytes", "copyKind", "srcKind", "dstKind",
-               "graphNodeId", "copyCount")
-RUNTIME_COLS = ("start", "end", "eventClass", "globalTid", "correlationId", "nameId",
-                "returnValue")
-NVTX_COLS = ("start", "end", "eventType", "text", "globalTid", "domainId")
-SYNC_COLS = ("start", "end", "deviceId", "contextId", "streamId", "correlationId", "globalPid",
-             "syncType", "eventId", "eventSyncId")
-NODE_EVENT_COLS = ("start", "end", "eventClass", "globalTid", "nameId", "graphNodeId",
-                   "originalGraphNodeId")
-GRAPH_EVENT_COLS = ("start", "end", "eventClass", "globalTid", "nameId", "graphId",
-                    "originalGraphId", "graphExecId")
-GRAPH_TRACE_COLS = ("start", "end", "deviceId", "contextId", "greenContextId", "streamId",
-                    "correlationId", "globalPid", "graphId", "graphExecId")
+# CUDA streams of every rank: (streamId, priority, flag), as TARGET_INFO_CUDA_STREAM lists them
+STREAMS = ((STREAM_NULL, 0, 3), (STREAM_POOL, 0, 1), (STREAM_MAIN, 0, 2), (STREAM_ALT, 0, 2),
+           (28, 4294967295, 2), (32, 4294967295, 2))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -318,30 +295,29 @@ class _PassRecord:
 
 
 class _Rank:
-    """Host-side state and row buffers of one rank (one process, one GPU)."""
+    """Host-side state and the records of one rank (one process, one GPU)."""
 
     def __init__(self, rank: int, cfg: "_Config"):
         self.rank = rank
         self.cfg = cfg
-        self.pid = PID_BASE + rank
-        self.gpid = VM_BITS | (self.pid << 24)
-        self.gtid = self.gpid | self.pid  # the scheduler thread is the process main thread
+        self.pid = PID_BASE + rank  # its scheduler thread (the main thread) makes every call
         self.device = rank
         self.ctx = rank + 1
+        self.launch_stream = STREAM_MAIN  # where the graphs are launched
         self.rng = np.random.default_rng([cfg.seed, rank, 0x5EED])
         self.t = T0 + 1_200_000_000 + rank * 37_000 + int(self.rng.integers(0, 20_000))
         self.corr = 0
-        self.grid_id = 1_000
         self.node_id = 0
         self.graph_id = 0
         self.exec_id = 1
         self.event_id = 0
         self.ready: dict[int, int] = {}
-        self.runtime: list[tuple] = []
-        self.nvtx: list[tuple] = []
-        self.syncs: list[tuple] = []
-        self.node_events: list[tuple] = []
-        self.graph_events: list[tuple] = []
+        # host records since the last flush, format-free (see synth/nsys_sqlite.py)
+        self.api_calls: list[tuple] = []  # (start, end, name, correlationId)
+        self.nvtx: list[tuple] = []  # (start, end, text)
+        self.syncs: list[tuple] = []  # (start, end, stream, corr, syncType, event, eventSync)
+        self.node_events: list[tuple] = []  # (start, end, api, node id, original node id)
+        self.graph_events: list[tuple] = []  # (time, "graph" | "exec", graph id, exec id)
         self.ops: list[_Op] = []
         self.passes: list[_PassRecord] = []
         self.cur: _PassRecord | None = None
@@ -369,16 +345,18 @@ class _Rank:
         return self.rng.lognormal(0.0, 0.03, n)
 
     # -- host API calls -----------------------------------------------------------------------
-    def api(self, name: str, dur: int, *, event_class: int | None = None) -> tuple[int, int, int]:
+    def api(self, name: str, dur: int) -> tuple[int, int, int]:
         """Record one runtime/driver API call at the current host time -> (start, end, corr)."""
         self.corr += 1
         start = self.t
         end = start + dur
-        ec = event_class if event_class is not None else (
-            1 if name.startswith("cu") and not name.startswith("cuda") else 0)
-        self.runtime.append((start, end, ec, self.gtid, self.corr, self.cfg.sid(name), 0))
+        self.api_calls.append((start, end, name, self.corr))
         self.t = end
         return start, end, self.corr
+
+    def stretch_last_call(self, start: int, end: int) -> None:
+        """The last API call blocked: it spans [start, end] (a sync, a pageable copy)."""
+        self.api_calls[-1] = (start, end, *self.api_calls[-1][2:])
 
     def nvtx_to(self, chain: tuple[str, ...], tokens: int) -> None:
         """Move the open layerwise NVTX ranges to exactly `chain` (pop, then push)."""
@@ -404,7 +382,7 @@ class _Rank:
         key, start = self.nvtx_stack.pop()
         text = self.cur_texts.pop()
         self.t += self.u(3_000, 8_000)  # forward post-hook
-        self.nvtx.append((start, self.t, NVTX_PUSHPOP, text, self.gtid, 0))
+        self.nvtx.append((start, self.t, text))
         self.t += self.u(200, 400)
 
     def new_pass(self, label: str, step: int | None = None) -> None:
@@ -430,15 +408,12 @@ class _Config:
     slow_rank: int | None
     slow_factor: float
     layerwise_nvtx: bool
-    writer: SqliteTraceWriter
+    driver_launches: bool  # the export's era records launches as driver calls (2021)
     # graph mode: the batch sizes captured, largest first as SGLang does (each its own graph;
     # decode replays the one of `batch`), and the clone links from an exec node to its capture node
     capture_batch_sizes: tuple[int, ...] = ()
     clone_links: int = 1
     deepgemm_layout: str = S.DEFAULT_DEEPGEMM_LAYOUT
-
-    def sid(self, s: str) -> int:
-        return self.writer.string_id(s)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -471,16 +446,16 @@ def _h2d(rs: _Rank, c: CopyTruth, gap_lo: int = 600, gap_hi: int = 1_200) -> Ite
     rs.cur.copies.append(op)
     yield op
     if c.pageable:
-        # the runtime row must cover the blocking wait: stretch it to the copy's end
-        row = rs.runtime[-1]
+        # the API call must cover the blocking wait: stretch it to the copy's end
+        row = rs.api_calls[-1]
         end = max(row[1], op.end + rs.u(1_200, 2_000))
-        rs.runtime[-1] = (row[0], end, *row[2:])
+        rs.stretch_last_call(row[0], end)
         rs.t = end
 
 
 def _launch_api(cfg: _Config, name: str) -> str:
     """The launch call `name` as the export's era records it (driver calls only in 2021)."""
-    if not cfg.writer.era.driver_launches:
+    if not cfg.driver_launches:
         return name
     return API_DRIVER_GRAPH_LAUNCH if name == API_GRAPH_LAUNCH else API_DRIVER_LAUNCH
 
@@ -496,8 +471,7 @@ def _launch_kernel(rs: _Rank, spec: S.KernelSpec, *, stream: int, earliest_lat: 
     if capture:
         rs.node_id += 1
         ns = start + (end - start) * 2 // 5
-        rs.node_events.append((ns, ns + rs.u(150, 400), EC_NODE_CREATE, rs.gtid,
-                               rs.cfg.sid(api), rs.node_id, None))
+        rs.node_events.append((ns, ns + rs.u(150, 400), api, rs.node_id, None))
         return None
     return rs.emit(_Op("k", spec.kernel, stream, start + rs.u(*earliest_lat), gap, dur, corr,
                        deps=deps, extra=extra, tag=tag))
@@ -587,8 +561,8 @@ def _stream_sync(rs: _Rank, stream: int) -> None:
     start = rs.t
     _s, _e, corr = rs.api(API_STREAM_SYNC, 1_500)
     end = max(start + rs.u(800, 1_500), last + rs.u(1_500, 3_000))
-    rs.runtime[-1] = (start, end, *rs.runtime[-1][2:])
-    rs.syncs.append((start, end, rs.device, rs.ctx, stream, corr, rs.gpid, 3, 0, None))
+    rs.stretch_last_call(start, end)
+    rs.syncs.append((start, end, stream, corr, 3, 0, None))
     rs.t = end
 
 
@@ -604,8 +578,7 @@ def _capture(rs: _Rank, sched: S.Schedule, parts: list[tuple[int, int]]) -> list
         rs.graph_id += 1
         gid = rs.graph_id
         ge = start + (end - start) * 3 // 4
-        rs.graph_events.append((ge, ge, EC_GRAPH_CREATE, rs.gtid, cfg.sid("Graph Creation"), gid,
-                                None, None))
+        rs.graph_events.append((ge, "graph", gid, None))
         part = S.Schedule(sched.kind, sched.batch, sched.tokens, sched.kernels[lo:hi],
                           sched.sampling, sched.faults)
         # indices in `part` are local; deps point inside the part (splits fall on layer edges)
@@ -624,13 +597,11 @@ def _capture(rs: _Rank, sched: S.Schedule, parts: list[tuple[int, int]]) -> list
         for k in range(2):
             rs.graph_id += 1
             tg = istart + 20_000 + k * 4_000
-            rs.graph_events.append((tg, tg, EC_GRAPH_CREATE, rs.gtid, cfg.sid("Graph Creation"),
-                                    rs.graph_id, None, None))
+            rs.graph_events.append((tg, "graph", rs.graph_id, None))
         rs.exec_id += 1
         eid = rs.exec_id
         exec_ids = []
         step_ns = (inst_dur - 120_000) // max(n, 1)
-        inst_name = cfg.sid(API_INSTANTIATE)
         for j, cid in enumerate(capture_ids):
             t = istart + 60_000 + j * step_ns
             # each clone's originalGraphNodeId is the node it was cloned from: a chain of
@@ -639,13 +610,12 @@ def _capture(rs: _Rank, sched: S.Schedule, parts: list[tuple[int, int]]) -> list
             for link in range(cfg.clone_links):
                 rs.node_id += 1
                 tl = t + link * 40
-                rs.node_events.append((tl, tl + 120, EC_NODE_CREATE, rs.gtid, inst_name,
-                                       rs.node_id, origin))
+                rs.node_events.append((tl, tl + 120, API_INSTANTIATE, rs.node_id, origin))
                 origin = rs.node_id
             exec_ids.append(rs.node_id)
         te = iend - 30_000
-        rs.graph_events.append((te, te, EC_GRAPHEXEC_CREATE, rs.gtid,
-                                cfg.sid("GraphExec Creation"), gid, None, eid))
+        rs.graph_events.append((te, "exec", gid, eid))
+        rs.graph_execs[gid] = eid
         rs.capture_nodes += n
         graphs.append({"graph": gid, "exec": eid, "nodes": exec_ids, "lo": lo, "hi": hi,
                        "part": part})
@@ -724,8 +694,8 @@ def _device_sync(rs: _Rank) -> None:
     start = rs.t
     _s, _e, corr = rs.api(API_DEVICE_SYNC, 2_000)
     end = max(start + 2_000, last + rs.u(1_500, 3_000))
-    rs.runtime[-1] = (start, end, *rs.runtime[-1][2:])
-    rs.syncs.append((start, end, rs.device, rs.ctx, STREAM_NULL, corr, rs.gpid, 4, 0, None))
+    rs.stretch_last_call(start, end)
+    rs.syncs.append((start, end, STREAM_NULL, corr, 4, 0, None))
     rs.t = end
 
 
@@ -740,9 +710,8 @@ def _event_sync(rs: _Rank, target: _Op | None) -> None:
     start = rs.t
     _s, _e, corr = rs.api(API_EVENT_SYNC, 1_200)
     end = max(start + rs.u(800, 1_500), target.end + rs.u(1_500, 3_000))
-    rs.runtime[-1] = (start, end, *rs.runtime[-1][2:])
-    rs.syncs.append((start, end, rs.device, rs.ctx, STREAM_MAIN, corr, rs.gpid, 1,
-                     rs.event_id - 1, rs.event_id - 1))
+    rs.stretch_last_call(start, end)
+    rs.syncs.append((start, end, STREAM_MAIN, corr, 1, rs.event_id - 1, rs.event_id - 1))
     rs.t = end
 
 
@@ -808,7 +777,7 @@ def _rank_program(rs: _Rank) -> Iterator:
             yield from _sampling(rs, rs.decode_graph)
         if cfg.step_nvtx:
             rs.t += rs.u(300, 800)
-            rs.nvtx.append((step_range[0], rs.t, NVTX_PUSHPOP, step_range[1], rs.gtid, 0))
+            rs.nvtx.append((step_range[0], rs.t, step_range[1]))
             rs.t += rs.u(200, 400)
         # graph mode: overlap scheduler, wait for the previous pass only; eager mode: the
         # scheduler waits for this pass before preparing the next (no overlap)
@@ -862,153 +831,6 @@ def _simulate_batch(batches: list[list[_Op]], ranks: list[_Rank]) -> None:
         return
     for col in zip(*batches):
         _simulate(list(col), ranks)
-
-
-# ------------------------------------------------------------------------------------------------
-# Rows
-# ------------------------------------------------------------------------------------------------
-_SMEM_CARVEOUTS = (0, 8_192, 16_384, 32_768, 65_536, 102_400, 135_168, 167_936, 233_472)
-
-
-def _kernel_static(kt: S.KernelType, cfg: _Config) -> tuple:
-    used = kt.static_smem + kt.dyn_smem
-    executed = next(c for c in _SMEM_CARVEOUTS if c >= used + (1_024 if used else 0)) \
-        if used < 232_448 else 233_472
-    return (cfg.sid(kt.name), cfg.sid(kt.short), cfg.sid(kt.mangled), 1, 1, kt.regs,
-            *kt.grid, *kt.block, kt.static_smem, kt.dyn_smem, 0, 250_871_808), executed
-
-
-# Activity buffers: how many records one holds before it is handed over (rows of one buffer
-# stay in order; buffers of different streams or threads interleave)
-_BUFFER_ROWS = (24, 160)
-
-
-def _buffer_interleaved(rows: list[tuple], key: int, rng: np.random.Generator) -> list[tuple]:
-    """`rows` in the order an export that does not sort them may hold: cut per `row[key]`
-    (stream or thread) into buffers of _BUFFER_ROWS records each, the buffers in a shuffled
-    order. Deterministic for a given rng state."""
-    by_key: dict[object, list[tuple]] = {}
-    for r in rows:
-        by_key.setdefault(r[key], []).append(r)
-    buffers: list[list[tuple]] = []
-    for k in sorted(by_key, key=lambda v: (v is None, v)):
-        own = by_key[k]
-        at = 0
-        while at < len(own):
-            size = int(rng.integers(_BUFFER_ROWS[0], _BUFFER_ROWS[1] + 1))
-            buffers.append(own[at:at + size])
-            at += size
-    order = rng.permutation(len(buffers))
-    return [r for i in order for r in buffers[i]]
-
-
-class _RowSink:
-    def __init__(self, cfg: _Config):
-        self.cfg = cfg
-        self.w = cfg.writer
-        self._static: dict[str, tuple] = {}
-        self._chains: dict[str, int] = {}  # API name -> CUDA_CALLCHAINS id (2022 backtraces)
-        self.graph_level = cfg.cuda_graph_trace == "graph"
-        # a stream of its own, so the row order never moves the timeline
-        self.order_rng = None if cfg.writer.era.rows_in_time_order else \
-            np.random.default_rng([cfg.seed, 0x0DE2])
-
-    def static(self, kt: S.KernelType) -> tuple:
-        v = self._static.get(kt.key)
-        if v is None:
-            v = self._static[kt.key] = _kernel_static(kt, self.cfg)
-        return v
-
-    def flush(self, rs: _Rank) -> None:
-        w = self.w
-        krows, crows, grows = [], [], []
-        for p in rs.passes:
-            if not p.ops:
-                continue
-            if self.graph_level and p.launches:
-                by_corr: dict[int, list[_Op]] = {}
-                for op in p.ops:
-                    if op.graph is not None:
-                        by_corr.setdefault(op.corr, []).append(op)
-                for corr, gops in by_corr.items():
-                    grows.append((min(o.start for o in gops), max(o.end for o in gops), rs.device,
-                                  rs.ctx, 0, STREAM_MAIN, corr, rs.gpid, gops[0].graph,
-                                  _exec_of(rs, gops[0].graph)))
-            for op in p.ops:
-                if op.kind == "c":
-                    crows.append((op.start, op.end, rs.device, rs.ctx, 0, op.stream, op.corr,
-                                  rs.gpid, op.bytes, 1, op.src_kind, 2, None, 1))
-                    continue
-                if self.graph_level and op.graph is not None:
-                    continue
-                st, executed = self.static(op.kt)
-                rs.grid_id += 1
-                cl = op.kt.cluster
-                krows.append((op.start, op.end, rs.device, rs.ctx, 0, op.stream, op.corr,
-                               rs.gpid, *st, rs.grid_id, executed, op.node, 0, op.graph,
-                               cl[0], cl[1], cl[2], 1, 8 if cl[0] else 0, 0, "[]"))
-        runtime, syncs = rs.runtime, rs.syncs
-        if self.order_rng is not None:
-            rng = self.order_rng
-            krows = _buffer_interleaved(krows, KERNEL_COLS.index("streamId"), rng)
-            crows = _buffer_interleaved(crows, MEMCPY_COLS.index("streamId"), rng)
-            grows = _buffer_interleaved(grows, GRAPH_TRACE_COLS.index("streamId"), rng)
-            runtime = _buffer_interleaved(runtime, RUNTIME_COLS.index("globalTid"), rng)
-            syncs = _buffer_interleaved(syncs, SYNC_COLS.index("streamId"), rng)
-        if krows:
-            w.insert("CUPTI_ACTIVITY_KIND_KERNEL", KERNEL_COLS, krows)
-        if crows:
-            w.insert("CUPTI_ACTIVITY_KIND_MEMCPY", MEMCPY_COLS, crows)
-        if grows:
-            w.insert("CUPTI_ACTIVITY_KIND_GRAPH_TRACE", GRAPH_TRACE_COLS, grows)
-        if runtime:
-            w.insert("CUPTI_ACTIVITY_KIND_RUNTIME", RUNTIME_COLS, runtime)
-            if w.era.backtrace_rows:
-                w.insert("CUPTI_ACTIVITY_KIND_RUNTIME", RUNTIME_COLS + ("callchainId",),
-                         self.backtrace_rows(runtime))
-        if rs.nvtx:
-            w.insert("NVTX_EVENTS", NVTX_COLS, rs.nvtx)
-        if syncs:
-            w.insert("CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", SYNC_COLS, syncs)
-        if rs.node_events and not self.graph_level:
-            w.insert(w.era.graph_node_table, NODE_EVENT_COLS, rs.node_events)
-        if rs.graph_events and w.era.graph_event_table:  # no graph-level table up to 2023.3
-            w.insert(w.era.graph_event_table, GRAPH_EVENT_COLS, rs.graph_events)
-        rs.runtime, rs.nvtx, rs.syncs, rs.node_events, rs.graph_events = [], [], [], [], []
-
-    def backtrace_rows(self, runtime: list[tuple]) -> list[tuple]:
-        """What a 2022 export with CUDA backtraces holds besides each runtime call (eventClass
-        0): an eventClass 67 row with the same correlationId and the unversioned name, starting a
-        little earlier and ending a little later (as in the real 2022.2 export), pointing at a
-        callchain. The offsets come from the correlationId, so the rank's random stream (and the
-        timeline) stays the same in every era."""
-        rows = []
-        for start, end, event_class, gtid, corr, name_id, ret in runtime:
-            if event_class != 0:
-                continue
-            name = _VERSION_SUFFIX.sub("", self.w.string_value(name_id))
-            rows.append((start - 150 - corr * 37 % 250, end + 70 + corr * 53 % 380, EC_BACKTRACE,
-                         gtid, corr, self.cfg.sid(name), ret, self.callchain(name)))
-        return rows
-
-    def callchain(self, api: str) -> int:
-        """One CUDA_CALLCHAINS chain per API name (nsys keeps one per call; the importer reads
-        none): the API in libcudart, called from the Python interpreter."""
-        chain = self._chains.get(api)
-        if chain is None:
-            chain = self._chains[api] = len(self._chains) + 1
-            w = self.w
-            w.insert("CUDA_CALLCHAINS", ("id", "symbol", "module", "unresolved", "originalIP",
-                                         "stackDepth"),
-                     [(chain, w.string_id(api), w.string_id("libcudart.so.11.0"), 0,
-                       0x7F3A_1C00_0000 + chain * 0x1F40, 0),
-                      (chain, w.string_id("_PyEval_EvalFrameDefault"),
-                       w.string_id("libpython3.10.so.1.0"), 0, 0x7F3A_5E21_7A3C, 1)])
-        return chain
-
-
-def _exec_of(rs: _Rank, graph_id: int) -> int:
-    return rs.graph_execs[graph_id]
 
 
 def _merged_gaps(ops: list[_Op], lo: int, hi: int) -> tuple[int, int, list[tuple[int, int]]]:
@@ -1079,13 +901,12 @@ def generate(out_path: str | Path, *, mode: str = "graph", steps: int = 8, ranks
         raise ValueError("slow_rank must name one of the ranks")
     S.check_layout(deepgemm_layout)
     out_path = Path(out_path)
-    writer = SqliteTraceWriter(out_path, era)
+    export = NsysSqliteExport(out_path, era, seed=seed, graph_level=cuda_graph_trace == "graph")
     cfg = _Config(mode, steps, ranks, batch, seed, frozenset(faults), step_nvtx, prefill,
-                  cuda_graph_trace, slow_rank, slow_factor, layerwise_nvtx, writer,
+                  cuda_graph_trace, slow_rank, slow_factor, layerwise_nvtx, era.driver_launches,
                   capture_batch_sizes=sizes, clone_links=clone_links,
                   deepgemm_layout=deepgemm_layout)
     rks = [_Rank(r, cfg) for r in range(ranks)]
-    sink = _RowSink(cfg)
     gens = [_rank_program(rs) for rs in rks]
     truth_steps: list[StepTruth] = []
     injected: list[InjectedGap] = []
@@ -1099,8 +920,6 @@ def generate(out_path: str | Path, *, mode: str = "graph", steps: int = 8, ranks
         if isinstance(first, _Flush):
             assert all(isinstance(i, _Flush) for i in items)
             for rs in rks:
-                _collect_graph_execs(rs)
-            for rs in rks:
                 for p in rs.passes:
                     if p.label == "warmup" and rs.rank == 0:
                         warmup_kernels = sum(1 for o in p.ops if o.kind == "k")
@@ -1109,17 +928,20 @@ def generate(out_path: str | Path, *, mode: str = "graph", steps: int = 8, ranks
                     if p.label == "decode":
                         truth_steps.append(_step_truth(rs, p))
                         injected.extend(_injected(rs, p))
-                sink.flush(rs)
-                rs.passes = []  # written; the program keeps what it still needs (prev sampling)
+                export.write_rank(rs)
+                # written; the program keeps what it still needs (the previous sampling kernel)
+                rs.passes = []
+                rs.api_calls, rs.nvtx, rs.syncs, rs.node_events, rs.graph_events = \
+                    [], [], [], [], []
             continue
         if isinstance(first, list):
             _simulate_batch(items, rks)
         else:
             _simulate(items, rks)
 
-    _write_static_tables(cfg, rks)
-    writer.write_enums()
-    writer.close(vacuum=vacuum)
+    export.finish(CaptureFacts(mode, steps, ranks, batch, seed, frozenset(faults),
+                               cuda_graph_trace, T0, PID_BASE - 3, STREAMS, STREAM_NULL),
+                  rks, vacuum=vacuum)
 
     sched = rks[0].decode_graph if mode == "graph" else rks[0].decode_eager
     names = sched.name_counts()
@@ -1146,7 +968,7 @@ def generate(out_path: str | Path, *, mode: str = "graph", steps: int = 8, ranks
         pids=tuple(rs.pid for rs in rks), devices=tuple(rs.device for rs in rks),
         main_stream=STREAM_MAIN, alt_stream=STREAM_ALT, slow_rank=slow_rank,
         slow_factor=slow_factor if slow_rank is not None else 1.0,
-        rows=dict(writer.rows_written), elapsed_s=time.perf_counter() - t_begin,
+        rows=dict(export.rows_written), elapsed_s=time.perf_counter() - t_begin,
         step_layer_kernels=tuple(sched.layer_counts()),
         step_outside_layer_kernels=len(sched.kernels) + 1 - sum(sched.layer_counts()),
         captured_batch_sizes=sizes if mode == "graph" else (),
@@ -1155,12 +977,6 @@ def generate(out_path: str | Path, *, mode: str = "graph", steps: int = 8, ranks
         step_entry_gaps_ns=tuple(t.entry_gap_ns for t in truth_steps
                                  if t.entry_gap_ns is not None))
     return summary
-
-
-def _collect_graph_execs(rs: _Rank) -> None:
-    for row in rs.graph_events:
-        if row[2] == EC_GRAPHEXEC_CREATE:
-            rs.graph_execs[row[5]] = row[7]
 
 
 def _step_truth(rs: _Rank, p: _PassRecord) -> StepTruth:
@@ -1191,127 +1007,3 @@ def _injected(rs: _Rank, p: _PassRecord) -> list[InjectedGap]:
             out.append(InjectedGap(rs.rank, p.step, layer, name, op.kt.name, extra, prev_end,
                                    op.start, cause))
     return out
-
-
-def _write_static_tables(cfg: _Config, rks: list[_Rank]) -> None:
-    w = cfg.writer
-    era = w.era
-    last = max(rs.t for rs in rks) + 50_000_000
-    start_time = T0
-    graph_mode = cfg.mode == "graph"
-    export_meta = [
-        ("EXPORT_PRODUCT_NAME", "NVIDIA Nsight Systems"),
-        ("EXPORT_PRODUCT_VERSION", era.product_version),
-        ("EXPORT_PRODUCT_DATE", era.product_date),
-        ("EXPORT_SCHEMA_VERSION", era.schema_version),
-        *zip(("EXPORT_SCHEMA_VERSION_MAJOR", "EXPORT_SCHEMA_VERSION_MINOR",
-              "EXPORT_SCHEMA_VERSION_MICRO"), era.schema_version.split(".")),
-        ("EXPORT_PLATFORM", "linux-desktop"),
-        ("EXPORT_ARCH", "x64"),
-        ("EXPORT_TIME_UTC", "2026-06-01T08:00:00"),
-        ("EXPORT_TIME_LOCAL", "2026-06-01T08:00:00 +0000 UTC"),
-        ("EXPORT_HOST", "nsys-ledger-synth"),
-        ("EXPORT_USER", "synth"),
-        ("EXPORT_PARAM_EXPORT_TYPE", "SQLite"),
-        ("EXPORT_PARAM_INPUT_FILE", "nsys-ledger-synth"),
-        ("EXPORT_PARAM_OUTPUT_FILE", Path(w.path).name),
-        ("EXPORT_PARAM_OVERWRITE", "true"),
-        ("EXPORT_PARAM_APPEND", "false"),
-        ("EXPORT_PARAM_LAZY", "true"),
-        ("EXPORT_PARAM_TIME_NORMALIZE", "false"),
-        ("EXPORT_PARAM_TIME_SHIFT", "0"),
-        ("EXPORT_CONFIG_TIME_SHIFT", "0"),
-        ("DERIVED_FROM", "reference schedule glm-5.3 decode (nsys_ledger.synth.schedule)"),
-        ("DERIVED_BY", "nsys_ledger.synth.generate: SYNTHETIC trace, not a capture "
-                       f"(mode={cfg.mode}, steps={cfg.steps}, ranks={cfg.ranks}, "
-                       f"batch={cfg.batch}, seed={cfg.seed}, "
-                       f"faults={','.join(sorted(cfg.faults))})"),
-    ]
-    if era.version_table:  # EXPORT_META_DATA up to 2023.2; 2021 exports say nothing
-        w.write_meta(era.version_table, export_meta)
-    gmode = ("Graph" if cfg.cuda_graph_trace == "graph" else "Node") if graph_mode else "Node"
-    cap = [("DEVICE_ID", "Local (CLI)"), ("CAPTURE_EVENT_TYPE", "NvtxEvents"),
-           ("CAPTURE_EVENT_TYPE", "Cuda"), ("RATE_HZ", "0"), ("START_TRIGGER", "Immediate"),
-           ("STOP_TRIGGER", "Delayed"), ("DEVICE_TYPE", "Unix"),
-           ("DEVICE_DISPLAY_NAME", "nsys-ledger-synth")]
-    cap += [(k, gmode) for k in era.graph_mode_keys]
-    args = ["-m", "sglang.launch_server", "--model-path", "zai-org/GLM-5.3-FP8", "--tp", "8",
-            "--ep", "8", "--moe-a2a-backend", "deepep", "--kv-cache-dtype", "fp8_e4m3",
-            "--enable-layerwise-nvtx-marker"]
-    if not graph_mode:
-        args.append("--disable-cuda-graph")
-    cap += [("CUDA_TRACE_SCOPE", "ProcessTree"), ("PROCESS_0:HOW_TO_ATTACH", "LaunchAnother"),
-            ("PROCESS_0:COMMAND", "python3")]
-    cap += [(f"PROCESS_0:ARGUMENT_{i}", a) for i, a in enumerate(args)]
-    cap += [("PROCESS_0:COLLECT_NVTX_TRACE", "true"), ("PROCESS_0:COLLECT_CUDA_TRACE", "true"),
-            ("TRACE_AFTER_FORK_BEFORE_EXEC", "true"),
-            ("RUN_DURATION_MS", str((last - start_time) // 1_000_000))]
-    if era.has("META_DATA_CAPTURE"):  # from 2023.3
-        w.write_meta("META_DATA_CAPTURE", cap)
-    w.insert("ANALYSIS_DETAILS", ("globalVid", "duration", "startTime", "stopTime"),
-             [(VM_BITS, last - start_time, start_time, last)])
-    w.insert("TARGET_INFO_SESSION_START_TIME",
-             ("utcEpochNs", "utcTime", "localTime", "systemClockNs"),
-             [(1_780_300_800_000_000_000, "2026-06-01T08:00:00", "2026-06-01T08:00:00",
-               start_time)])
-    launcher = PID_BASE - 3
-    procs = [(VM_BITS | (launcher << 24), launcher, "python3")]
-    procs += [(rs.gpid, rs.pid, f"sglang::scheduler_TP{rs.rank}") for rs in rks]
-    w.insert("PROCESSES", ("globalPid", "pid", "name"), procs)
-    tn = [(cfg.sid("python3"), 20, VM_BITS | (launcher << 24) | launcher)]
-    for rs in rks:
-        for off, name in ((0, "sglang::schedul"), (5, "[NSys]"), (6, "[NSys Comms]"),
-                          (9, "cuda00001800007"), (11, "CUPTI worker th"),
-                          (13, "cuda-EvtHandlr"), (21, "python3"), (27, "pt_nccl_watchdg")):
-            tn.append((cfg.sid(name), 20, rs.gpid | (rs.pid + off)))
-    w.insert("ThreadNames", ("nameId", "priority", "globalTid"), tn)
-    streams = []
-    for rs in rks:
-        for sid, prio, flag in ((STREAM_NULL, 0, 3), (STREAM_POOL, 0, 1), (STREAM_MAIN, 0, 2),
-                                (STREAM_ALT, 0, 2), (28, 4294967295, 2), (32, 4294967295, 2)):
-            streams.append((sid, 0, 1, rs.pid, rs.ctx, prio, flag))
-    w.insert("TARGET_INFO_CUDA_STREAM",
-             ("streamId", "hwId", "vmId", "processId", "contextId", "priority", "flag"), streams)
-    gpus = []
-    for rs in rks:
-        gpus.append((VM_BITS, rs.device, "NVIDIA H200", f"0000:{0x18 + 0x11 * rs.device:02x}:00.0",
-                     1, 52_428_800, 150_754_820_096, 4_800_000_000_000, 1_980_000_000, 132, 0,
-                     f"5f1c{rs.device:04x}-3a2e-9c41-77d0-8e2b6a41c0{rs.device:02x}", 0, "GH100",
-                     rs.device, None, None, 161, 0, 65_536, 4, 65_536, 49_152, 232_448,
-                     233_472, 65_536, 32, 5, 64, 32, 1_024, 1_024, 1_024, 64, 2_147_483_647,
-                     65_535, 65_535, 9, 0, 9, 0))
-    gpu_cols = ("vmId", "id", "name", "busLocation", "isDiscrete", "l2CacheSize", "totalMemory",
-                "memoryBandwidth", "clockRate", "smCount", "pwGpuId", "uuid", "luid", "chipName",
-                "cuDevice", "ctxswDevPath", "ctrlDevPath", "revision", "nodeMask",
-                "constantMemory", "maxIPC", "maxRegistersPerBlock", "maxShmemPerBlock",
-                "maxShmemPerBlockOptin", "maxShmemPerSm", "maxRegistersPerSm", "threadsPerWarp",
-                "asyncEngines", "maxWarpsPerSm", "maxBlocksPerSm", "maxThreadsPerBlock",
-                "maxBlockDimX", "maxBlockDimY", "maxBlockDimZ", "maxGridDimX", "maxGridDimY",
-                "maxGridDimZ", "computeMajor", "computeMinor", "smMajor", "smMinor")
-    if era.gpu_table == "TARGET_INFO_GPU":
-        w.insert("TARGET_INFO_GPU", gpu_cols, gpus)
-    else:
-        _write_cuda_gpu_table(w, rks)
-    if era.has("TARGET_INFO_CUDA_DEVICE"):
-        w.insert("TARGET_INFO_CUDA_DEVICE", ("gpuId", "cudaId", "pid"),
-                 [(rs.device, rs.device, rs.pid) for rs in rks])
-    if era.has("TARGET_INFO_CUDA_CONTEXT_INFO"):
-        w.insert("TARGET_INFO_CUDA_CONTEXT_INFO",
-                 ("nullStreamId", "hwId", "vmId", "processId", "deviceId", "contextId",
-                  "parentContextId", "isGreenContext"),
-                 [(STREAM_NULL, 0, 1, rs.pid, rs.device, rs.ctx, 0, 0) for rs in rks])
-
-
-def _write_cuda_gpu_table(w: SqliteTraceWriter, rks: list[_Rank]) -> None:
-    """TARGET_INFO_CUDA_GPU of exports before 2021.4: the same H200, in CUPTI's device-record
-    names (see synth/schema_eras.py)."""
-    cols = ("deviceId", "name", "uuid", "computeCapabilityMajor", "computeCapabilityMinor",
-            "numMultiprocessors", "numThreadsPerWarp", "maxWarpsPerMultiprocessor",
-            "maxBlocksPerMultiprocessor", "maxThreadsPerBlock", "maxRegistersPerBlock",
-            "maxSharedMemoryPerBlock", "globalMemorySize", "globalMemoryBandwidth", "l2CacheSize",
-            "coreClockRate", "maxIPC")
-    w.insert("TARGET_INFO_CUDA_GPU", cols, [
-        (rs.device, "NVIDIA H200", f"5f1c{rs.device:04x}-3a2e-9c41-77d0-8e2b6a41c0{rs.device:02x}",
-         9, 0, 132, 32, 64, 32, 1_024, 65_536, 49_152, 150_754_820_096, 4_800_000_000, 52_428_800,
-         1_980_000, 4)
-        for rs in rks])
