@@ -800,3 +800,19 @@ def test_synth_command_prints_one_line(tmp_path):
     # the command offers exactly the generator's layouts
     option = next(p for p in main.commands["synth"].params if p.name == "deepgemm_layout")
     assert tuple(option.type.choices) == DEEPGEMM_LAYOUTS
+
+
+def test_checker_reads_unsorted_rows_as_sorted_ones(gen, healthy):
+    """The checker sorts what it reads: the 2026 export (rows buffer-interleaved) and the 2025.5
+    export of the same timeline (rows in time order) give the same steps, ops and gaps."""
+    from nsys_ledger import check
+
+    ledger = Path(__file__).resolve().parent.parent / "expectations" / "glm-5.3-tp8-ep8.toml"
+    newest, _ = healthy
+    older, _ = gen("graph-healthy-2025", mode="graph", nsys_version="2025")
+    a, b = check(newest, ledger), check(older, ledger)
+    assert a.step_table.height == b.step_table.height == STEPS
+    assert a.step_table.equals(b.step_table)
+    assert a.op_table.equals(b.op_table)
+    assert [f.message for f in a.findings] == [f.message for f in b.findings]
+    assert a.verdict == b.verdict
