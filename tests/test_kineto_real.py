@@ -327,3 +327,26 @@ def test_module_ranges_give_layers_to_eager_kernels(traces, tmp_path):
     assert result.layers.assignments["layer"].drop_nulls().unique().sort().to_list() == list(range(24))
     launched = traces[H100].kernels.join(traces[H100].api_calls, on=["pid", "correlation"], how="semi")
     assert launched.height == 1029
+
+
+@needs_traces
+def test_every_report_renders_from_kineto_input(traces, tmp_path):
+    """The terminal, JSON, HTML, JUnit, Markdown and Chrome-trace outputs of a Kineto check."""
+    import json
+
+    from nsys_ledger.report.chrome_trace import write_chrome_trace
+    from nsys_ledger.report.html import write_html
+    from nsys_ledger.report.json_report import write_json
+    from nsys_ledger.report.junit import write_junit
+    from nsys_ledger.report.markdown import write_markdown
+    from nsys_ledger.report.terminal import render
+
+    result = check(traces[SGLANG_DECODE])
+    assert "555 kernels" in render(result)
+    for name, writer in (("r.json", write_json), ("r.html", write_html), ("r.xml", write_junit),
+                         ("r.md", write_markdown), ("t.json", write_chrome_trace)):
+        writer(result, tmp_path / name)
+        assert (tmp_path / name).stat().st_size > 0, name
+    document = json.loads((tmp_path / "r.json").read_text())
+    assert document["trace"]["version_source"] == "kineto"
+    assert document["trace"]["nsys_version"] is None
