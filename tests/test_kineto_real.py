@@ -350,3 +350,37 @@ def test_every_report_renders_from_kineto_input(traces, tmp_path):
     document = json.loads((tmp_path / "r.json").read_text())
     assert document["trace"]["version_source"] == "kineto"
     assert document["trace"]["nsys_version"] is None
+
+
+@needs_traces
+@pytest.mark.parametrize("seed", range(12))
+def test_damaged_events_give_a_trace_error_or_a_result(tmp_path, seed):
+    """Fields removed, retyped (null, text, lists, 1e300, 2**70) or events dropped, at random:
+    the check either runs or stops with a TraceError, never another exception."""
+    import json
+    import random
+
+    document = json.loads(gzip.decompress((KINETO_DIR / VLLM_DECODE).read_bytes()))
+    rng = random.Random(seed)
+    events = document["traceEvents"]
+    for _ in range(rng.randint(5, 40)):
+        event = rng.choice(events)
+        action = rng.random()
+        if action < 0.3 and event:
+            event.pop(rng.choice(sorted(event)), None)
+        elif action < 0.5 and isinstance(event.get("args"), dict) and event["args"]:
+            event["args"].pop(rng.choice(sorted(event["args"])), None)
+        elif action < 0.65:
+            event[rng.choice(["ts", "dur", "pid", "tid", "name", "cat"])] = rng.choice(
+                [None, "x", -5, 1e300, [], {}, True, "12.5"])
+        elif action < 0.8 and isinstance(event.get("args"), dict):
+            event["args"][rng.choice(["correlation", "device", "stream", "bytes", "kind"])] = rng.choice(
+                [None, "x", -1, 2**70, [], "7"])
+        else:
+            events.remove(event)
+    path = tmp_path / "damaged.json"
+    path.write_text(json.dumps(document))
+    try:
+        check(path)
+    except TraceError:
+        pass

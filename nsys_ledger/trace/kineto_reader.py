@@ -69,6 +69,7 @@ _PID_SHIFT = 1 << 24
 _LOW24 = 0xFFFFFF
 # Above 2**43 µs a double's spacing exceeds 1 ns: the decimal text must be read exactly.
 _EXACT_FLOAT_LIMIT_US = float(2**43)
+_MAX_TIME_US = 9 * 10**15  # 285 years: larger times (or their ns) do not fit an int64 ns column
 GRAPH_ID_SHIFT = 20  # graph_node_id = graph_id << 20 | position in the replay
 # A Kineto replay has no record of where its graph kernels were captured (nsys has node rows).
 CAPTURE_HINT = (
@@ -138,7 +139,7 @@ class _Args(msgspec.Struct, gc=False):
 
 class _Event(msgspec.Struct, gc=False):
     ph: Any = None
-    cat: Any = None
+    cat: Union[str, None] = None  # another type sends the document down the generic path
     name: Any = None
     pid: Union[int, str, None] = None
     tid: Union[int, str, None] = None
@@ -349,6 +350,7 @@ def decimal_text_to_ns(text: pl.Series, unit_ns: int) -> pl.Series:
     unsigned = pl.col("t").str.strip_prefix("-")
     parts = unsigned.str.split_exact(".", 1)
     whole = parts.struct.field("field_0").cast(I64, strict=False)
+    whole = pl.when(whole.abs() < _MAX_TIME_US).then(whole)  # beyond int64 ns: a damaged time
     fraction = (
         parts.struct.field("field_1").fill_null("").str.slice(0, digits).str.pad_end(digits, "0")
         .cast(I64, strict=False).fill_null(0)
@@ -362,6 +364,7 @@ def float_to_ns(values: pl.Series, unit_ns: int) -> pl.Series:
     """Integer ns of float times in `unit_ns` units: whole and fraction converted apart, so no
     product of a 16-digit value with 1000 is ever rounded (exact below 2**43 µs)."""
     values = values.cast(pl.Float64)
+    values = values.set(values.abs() >= _MAX_TIME_US, None)  # beyond int64 ns: a damaged time
     whole = values.floor()
     fraction = values - whole
     return (whole.cast(I64) * unit_ns + (fraction * unit_ns).round().cast(I64)).rename(values.name)
@@ -457,7 +460,8 @@ class _Builder:
         if series.dtype == STR or series.dtype == pl.Object:
             return decimal_text_to_ns(series.cast(STR), self.unit_ns)
         if series.dtype.is_integer() or series.dtype == pl.Null:
-            return series.cast(I64) * self.unit_ns
+            series = series.cast(I64, strict=False)
+            return series.set(series.abs() >= _MAX_TIME_US, None) * self.unit_ns
         return float_to_ns(series, self.unit_ns)
 
     def _needs_exact_text(self, ts: pl.Series) -> bool:
