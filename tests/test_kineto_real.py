@@ -384,3 +384,21 @@ def test_damaged_events_give_a_trace_error_or_a_result(tmp_path, seed):
         check(path)
     except TraceError:
         pass
+
+
+@needs_traces
+def test_flow_events_link_gpu_rows_without_a_correlation(tmp_path):
+    """With `args.correlation` removed from every GPU row, the `ac2g` flows still link the
+    SGLang step's kernels to their launches: 544 to the hipGraphLaunch, 11 to kernel launches."""
+    import json
+
+    document = json.loads(gzip.decompress((KINETO_DIR / SGLANG_DECODE).read_bytes()))
+    for event in document["traceEvents"]:
+        if event.get("cat") in ("kernel", "gpu_memcpy"):
+            event["args"].pop("correlation", None)
+    path = tmp_path / "no-correlation.json"
+    path.write_text(json.dumps(document))
+    trace = load_trace(path)
+    joined = trace.kernels.join(trace.api_calls.select("pid", "correlation", "kind"), on=["pid", "correlation"])
+    assert dict(joined.group_by("kind").len().iter_rows()) == {"graph_launch": 544, "kernel_launch": 11}
+    assert trace.kernels["graph_node_id"].is_not_null().sum() == 544

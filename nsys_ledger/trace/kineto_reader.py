@@ -17,7 +17,8 @@ What a Kineto trace holds and where it lands in the Trace:
 Process ids: Kineto writes GPU rows with the device as `pid` and the stream as `tid`. Each GPU
 row takes the process of the call that launched it (by correlation id), so that a row and its
 launching call join on `(pid, correlation)` as in an nsys export; ids are packed like nsys's
-`globalTid` (`pid << 24 | tid`).
+`globalTid` (`pid << 24 | tid`). A GPU row without `args.correlation` takes the id of the
+`ac2g` flow that ends on it (Kineto's launch -> kernel arrow carries the correlation id).
 
 CUDA/HIP graphs: a replayed kernel carries the correlation id of the `cudaGraphLaunch` /
 `hipGraphLaunch` that replayed it (Kineto has no node ids). Such rows get a node id: the graph
@@ -146,11 +147,12 @@ class _Event(msgspec.Struct, gc=False):
     ts: _Number = None
     dur: _Number = None
     args: Union[_Args, None] = None
+    id: _Number = None  # flow events (`ac2g`): the correlation id they link
 
 
 _NO_ARGS = _Args()
 # Field getters: `map` with attrgetter builds a column about twice as fast as a comprehension.
-_CAT = attrgetter("cat")
+_CAT, _ID = attrgetter("cat"), attrgetter("id")
 _ARGS, _PID, _TID, _NAME, _TS, _DUR = (attrgetter(f) for f in ("args", "pid", "tid", "name", "ts", "dur"))
 _DEVICE, _STREAM, _CORRELATION, _KIND, _BYTES, _SYNC_KIND = (
     attrgetter(f) for f in ("device", "stream", "correlation", "kind", "bytes", "cuda_sync_kind")
@@ -291,7 +293,7 @@ def _event_from_dict(event: dict) -> _Event:
     return _Event(
         ph=_text(event.get("ph")), cat=_text(event.get("cat")), name=event.get("name"),
         pid=_scalar(event.get("pid")), tid=_scalar(event.get("tid")),
-        ts=_scalar(event.get("ts")), dur=_scalar(event.get("dur")), args=parsed_args,
+        ts=_scalar(event.get("ts")), dur=_scalar(event.get("dur")), args=parsed_args, id=_scalar(event.get("id")),
     )
 
 
@@ -412,6 +414,7 @@ class _Builder:
         api_calls = self.api_calls(self._pick(by_cat, RUNTIME_CATS), self._pick(by_cat, DRIVER_CATS))
         self.launch_kernels = self.named_launch_kernels(self._pick(by_cat, RUNTIME_CATS + DRIVER_CATS))
         launchers = api_calls.select("pid", "correlation").drop_nulls().unique(subset=["correlation"], keep="first")
+        self.flow_ends = self._flow_ends(by_cat.get("ac2g", []))
         main_pid = self._main_pid(api_calls, by_cat)
         kernels = self.gpu_rows(self._pick(by_cat, KERNEL_CATS), launchers, main_pid)
         memcpys = self.gpu_rows(self._pick(by_cat, MEMCPY_CATS), launchers, main_pid, ("kind", "bytes"))
@@ -578,12 +581,34 @@ class _Builder:
         if "cuda_sync_kind" in extra:
             columns["_sync"] = _as_text(list(map(_SYNC_KIND, args)), "_sync")
         df = pl.DataFrame(columns)
+        if df["correlation"].null_count() and self.flow_ends is not None:
+            df = self._correlation_from_flows(df, events)
         df = df.join(launchers, on="correlation", how="left", maintain_order="left")
         df = df.with_columns(pl.col("pid").fill_null(pl.lit(main_pid, dtype=I64)))
         missing = df["start"].null_count()
         if missing:
             raise TraceError(self.shown, f"{missing} of {df.height} GPU events have no timestamp (ts)")
         return df.with_columns((pl.col("pid") * _PID_SHIFT).alias("global_pid"))
+
+    def _flow_ends(self, rows: list[int]) -> pl.DataFrame | None:
+        """The GPU ends of `ac2g` flows (`ph: f`, drawn at the GPU row they bind to):
+        `_gpid, _gtid, start, _flow` (the correlation id), or None without any."""
+        ends = [i for i in rows if self.events[i].ph == "f"]
+        if not ends:
+            return None
+        start, _ = self._span(ends)
+        return pl.DataFrame({
+            "_gpid": _as_int(self._column(ends, _PID), "_gpid"), "_gtid": _as_int(self._column(ends, _TID), "_gtid"),
+            "start": start, "_flow": _as_int(self._column(ends, _ID), "_flow"),
+        }).drop_nulls().unique(subset=["_gpid", "_gtid", "start"], keep="first")
+
+    def _correlation_from_flows(self, df: pl.DataFrame, events: list[_Event]) -> pl.DataFrame:
+        """Fill a GPU row's missing `args.correlation` from the flow that ends on it: Kineto
+        draws the launch -> kernel arrow with the correlation id as the flow id."""
+        keyed = df.with_columns(_as_int(list(map(_PID, events)), "_gpid"), _as_int(list(map(_TID, events)), "_gtid"))
+        linked = keyed.join(self.flow_ends, on=["_gpid", "_gtid", "start"], how="left", maintain_order="left")
+        return linked.with_columns(pl.coalesce("correlation", "_flow").alias("correlation")).drop(
+            "_gpid", "_gtid", "_flow")
 
     def graph_nodes_of_replays(
         self, kernels: pl.DataFrame, memcpys: pl.DataFrame, memsets: pl.DataFrame, api_calls: pl.DataFrame
