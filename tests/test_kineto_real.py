@@ -402,3 +402,14 @@ def test_flow_events_link_gpu_rows_without_a_correlation(tmp_path):
     joined = trace.kernels.join(trace.api_calls.select("pid", "correlation", "kind"), on=["pid", "correlation"])
     assert dict(joined.group_by("kind").len().iter_rows()) == {"graph_launch": 544, "kernel_launch": 11}
     assert trace.kernels["graph_node_id"].is_not_null().sum() == 544
+
+
+@needs_traces
+def test_found_by_content_whatever_the_name(tmp_path):
+    """gzip JSON and plain JSON under names without .json: recognized by their bytes."""
+    gz = tmp_path / "decode.bin"
+    gz.write_bytes((KINETO_DIR / SGLANG_DECODE).read_bytes())
+    assert load_trace(gz).kernels.height == 555
+    plain = tmp_path / "decode.trace"
+    plain.write_bytes(gzip.decompress(gz.read_bytes()))
+    assert load_trace(plain).kernels.height == 555
