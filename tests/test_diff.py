@@ -87,7 +87,10 @@ def test_extra_gaps_diff_counts_the_three_injected_gaps(healthy, expectations):
     diff = diff_results(healthy, nsys_ledger.check(SAMPLES / "glm5-graph-extra-gaps.sqlite", expectations))
     gaps = next(c for c in diff.step_figures if c.name == "idle gaps per step")
     assert (gaps.before, gaps.after) == (0.0, 3.0)
-    assert diff.gap_causes["before_gaps"].sum() == 0 and diff.gap_causes["after_gaps"].sum() == 3.0
+    # per step: the launch gap at the step entry in both, three device-side delays after
+    assert diff.gap_causes.select("cause", "before_gaps", "after_gaps").rows() == [
+        ("launch", 1.0, 1.0), ("unknown", 0.0, 3.0)]
+    assert diff.reasons == ("new idle-gap cause 'unknown'", "newly failing check gaps.threshold_us")
 
 
 def test_slow_rank_diff_reports_the_step_time_and_gates_it_only_when_asked(healthy, expectations):

@@ -91,7 +91,8 @@ def test_healthy_sample_page_passes_and_names_what_it_checked(expectations):
     for name in ("anchor fused_add_rmsnorm", "anchor sparse_mla", "anchor paged_mqa_logits", "total kernels per step",
                  "H2D copies per step", "graph launches per step", "gaps above 2 us"):
         assert f"<td>{name}</td>" in page
-    assert "gaps: no idle gap above 2 µs in any decode step" in page
+    assert ("gaps: no idle gap above 2 µs in any decode step but the 4 allowed step-entry gaps (the wait for "
+            "cudaGraphLaunch, cause launch)") in page
 
 
 def test_sections_without_data_say_so_in_one_line(expectations):

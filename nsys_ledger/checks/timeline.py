@@ -248,7 +248,7 @@ def _gap_outcome(table: pl.DataFrame, timeline: Timeline) -> CheckOutcome:
         observed = _span(table["gaps"]) if table.height else "-"
         entry = timeline.gaps.filter(pl.col("step_entry"))
         if entry.height:  # the allowed launch waits are part of the picture: say what they were
-            observed += (f" (+ {_span(table['step_entry_gaps'])} allowed step-entry launch gap per step, "
+            observed += (f" (+{_span(table['step_entry_gaps'])} launch gap at entry, "
                          f"{entry['duration'].min() / 1000:.1f}-{entry['duration'].max() / 1000:.1f} us)")
         return CheckOutcome(name, "gaps.threshold_us", "0", observed, ())
     failing = table.filter(pl.col("gaps") > 0)

@@ -273,10 +273,15 @@ def _gaps_section(result: Result) -> str:
     gaps = result.gaps
     if gaps.height == 0:
         return heading + note(f"gaps: no idle gap above {threshold} in any decode step")
+    entry = int(gaps["step_entry"].sum()) if "step_entry" in gaps.columns else 0
+    if entry == gaps.height:
+        heading += note(f"gaps: no idle gap above {threshold} in any decode step but the {entry} allowed "
+                        "step-entry gaps (the wait for cudaGraphLaunch, cause launch)")
     longest = gaps.sort("duration", descending=True).head(MAX_TABLE_ROWS)
     names = _short_name_lookup(pl.concat([longest["before"], longest["after"]]))
     # Columns the timeline checks add (cause, ops and layers on both sides), when present.
-    extra = [c for c in ("cause", "before_op", "before_layer", "after_op", "after_layer") if c in longest.columns]
+    extra = [c for c in ("cause", "step_entry", "before_op", "before_layer", "after_op", "after_layer")
+             if c in longest.columns]
     rows = []
     for row in longest.iter_rows(named=True):
         rows.append([
@@ -291,8 +296,11 @@ def _gaps_section(result: Result) -> str:
         else f"{gaps.height} gap(s)"
     )
     headers = ["step", "idle µs", "after (last to end)", "before (next to start)",
-               *[c.replace("_", " ") for c in extra]]
+               *[EXTRA_GAP_HEADERS.get(c, c.replace("_", " ")) for c in extra]]
     return heading + _causes_line(gaps) + table(headers, rows, caption=caption)
+
+
+EXTRA_GAP_HEADERS = {"step_entry": "allowed step entry"}
 
 
 def _causes_line(gaps: pl.DataFrame) -> str:

@@ -74,7 +74,7 @@ def _manifest_entry(summary, kwargs: dict, size: int) -> dict:
         "steps": [
             {"rank": t.rank, "index": t.index, "start": t.start, "end": t.end,
              "kernels": t.kernels, "h2d": t.h2d, "max_gap_ns": t.max_gap_ns,
-             "gaps_over_2us": t.gaps_over_threshold,
+             "gaps_over_2us": t.gaps_over_threshold, "entry_gap_ns": t.entry_gap_ns,
              "graph_launch_correlation_ids": list(t.graph_launch_correlation_ids)}
             for t in summary.step_truth],
         "pids": list(summary.pids),
