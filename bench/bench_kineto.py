@@ -191,7 +191,8 @@ def _case(name: str, path: str) -> dict:
     else:
         raise ValueError(name)
     seconds, cpu = time.perf_counter() - start, _cpu_seconds() - cpu_start
-    return {"seconds": seconds, "cpu_seconds": cpu, "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"seconds": seconds, "cpu_seconds": cpu, "peak_mib": peak_mib}
 
 
 def _cpu_seconds() -> float:

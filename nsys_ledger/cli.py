@@ -118,8 +118,8 @@ def main() -> None:
 @click.option("--trace-out", "trace_out", type=click.Path(path_type=str),
               help="Write the worst and a representative decode step as a Chrome trace (Perfetto UI, "
                    "chrome://tracing): kernels per stream, copies, launch calls, gaps, findings.")
-def check(traces, captures, trace_out, expect, step_nvtx, step_method, gap_us, batch, per_stream_gaps, json_path, html_path, junit_path,
-          markdown_path, jobs, dask_address, no_cache) -> None:
+def check(traces, captures, trace_out, expect, step_nvtx, step_method, gap_us, batch, per_stream_gaps, json_path,
+          html_path, junit_path, markdown_path, jobs, dask_address, no_cache) -> None:
     """Count the kernels of every decode step in TRACE and compare them with the ledger.
 
     \b
@@ -152,12 +152,13 @@ def check(traces, captures, trace_out, expect, step_nvtx, step_method, gap_us, b
                                     ("trace-out", write_chrome_trace, trace_out))
         if path
     ]
-    result = _check_with_captures(
-        traces, captures, expect, step_nvtx=step_nvtx, step_method=step_method, gap_us=gap_us, batch=batch,
-        per_stream_gaps=per_stream_gaps,
-    ) if captures else check_many(traces, expect, workers=jobs, keep_events=bool(html_path or trace_out), dask=dask_address,
-                        step_nvtx=step_nvtx, step_method=step_method, gap_us=gap_us, batch=batch,
-                        per_stream_gaps=per_stream_gaps, cache=not no_cache)
+    if captures:
+        result = _check_with_captures(traces, captures, expect, step_nvtx=step_nvtx, step_method=step_method,
+                                      gap_us=gap_us, batch=batch, per_stream_gaps=per_stream_gaps)
+    else:
+        result = check_many(traces, expect, workers=jobs, keep_events=bool(html_path or trace_out),
+                            dask=dask_address, step_nvtx=step_nvtx, step_method=step_method, gap_us=gap_us,
+                            batch=batch, per_stream_gaps=per_stream_gaps, cache=not no_cache)
     click.echo(render(result))
     for label, writer, target in outputs:
         _write_output(writer, result, target, label)

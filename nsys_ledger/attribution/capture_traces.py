@@ -231,7 +231,8 @@ def pair_graphs(nodes: pl.DataFrame, launches: pl.DataFrame) -> pl.DataFrame:
         by_count.select("pid", "graph_id", "_file", "capture_file", "window", "_shared"),
     ])
     best = (
-        candidates.sort(["pid", "graph_id", "_shared", "_file", "window"], descending=[False, False, True, False, False])
+        candidates.sort(["pid", "graph_id", "_shared", "_file", "window"],
+                        descending=[False, False, True, False, False])
         .unique(subset=["pid", "graph_id"], keep="first", maintain_order=True)
         .select("pid", "graph_id", "_file", "capture_file", pl.col("window").alias("capture_window"))
     )

@@ -190,7 +190,8 @@ def _gap_events(gaps: pl.DataFrame, origin: int) -> list[dict]:
 def _call_events(calls: pl.DataFrame, origin: int) -> list[dict]:
     return [
         {
-            "ph": "X", "cat": f"api_{row['kind']}", "name": row["name"], "pid": host_pid(row["rank"]), "tid": row["tid"],
+            "ph": "X", "cat": f"api_{row['kind']}", "name": row["name"], "pid": host_pid(row["rank"]),
+            "tid": row["tid"],
             "ts": _us(row["start"], origin), "dur": round((row["end"] - row["start"]) / 1000, 3),
             "args": {k: v for k, v in {"correlation": row["correlation"], "kind": row["kind"], "step": row["step"],
                                        "role": row["role"]}.items() if v is not None},
