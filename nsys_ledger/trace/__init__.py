@@ -13,7 +13,6 @@ from pathlib import Path
 
 from nsys_ledger.trace.columnar_reader import is_table_directory, load_columnar
 from nsys_ledger.trace.kineto_reader import is_kineto_file, load_kineto
-from nsys_ledger.trace.kineto_reader import is_kineto_file, load_kineto
 from nsys_ledger.trace.model import Trace, TraceMeta
 from nsys_ledger.trace.report_export import load_report
 from nsys_ledger.trace.sqlite_reader import SQLITE_MAGIC, load_sqlite
@@ -32,8 +31,6 @@ def load_trace(path: str | os.PathLike[str], *, cache: bool = True) -> Trace:
         return load_columnar(path)
     if p.name.lower().endswith(_REPORT_SUFFIXES) and p.is_file() and not _is_sqlite(p):
         return load_report(p, str(path), cache=cache)
-    if is_kineto_file(p):
-        return load_kineto(path)
     if is_kineto_file(p):
         return load_kineto(path)
     return load_sqlite(path)
