@@ -130,6 +130,17 @@ def _label(col: str, labels: Mapping[int, str]) -> pl.Expr:
     )
 
 
+def _attach(df: pl.DataFrame, lookup: pl.DataFrame, key: str) -> pl.DataFrame:
+    """`df` left-joined with `lookup` on `key`, order kept. Only the key column goes through
+    the join and the looked-up columns are appended: a join gathers every column of its left
+    side, and the kernel frame is most of a trace (at 10M kernels each name join copied
+    800 MB). Duplicate keys in `lookup` (a damaged StringIds) repeat rows as a join does."""
+    looked_up = df.select(key).join(lookup, on=key, how="left", maintain_order="left")
+    if looked_up.height != df.height:
+        return df.join(lookup, on=key, how="left", maintain_order="left")
+    return df.with_columns(looked_up.drop(key))
+
+
 class ExportReader:
     """Builds the Trace from a TableSource; `shown` is the path named in errors."""
 
@@ -187,8 +198,7 @@ class ExportReader:
 
     def resolve(self, df: pl.DataFrame, id_col: str, out: str) -> pl.DataFrame:
         """Add `out` = StringIds.value for the id in `id_col` (left join, order kept)."""
-        s = self.strings().rename({"id": id_col, "value": out})
-        return df.join(s, on=id_col, how="left", maintain_order="left")
+        return _attach(df, self.strings().rename({"id": id_col, "value": out}), id_col)
 
     # -- the whole trace --------------------------------------------------------------
 
@@ -465,7 +475,7 @@ class ExportReader:
         names = names.with_columns(name.alias("name")).with_columns(
             kind.otherwise(pl.lit("other")).alias("kind")
         ).select("_name_id", "name", "kind")
-        df = df.join(names, on="_name_id", how="left", maintain_order="left")
+        df = _attach(df, names, "_name_id")
         return df.with_columns(
             pl.col("kind").fill_null("other"),
             _pid("global_tid").alias("pid"),
