@@ -347,3 +347,18 @@ def test_the_converter_without_the_fast_driver_writes_the_same_tables(tmp_path, 
     assert sorted(p.name for p in slow.iterdir()) == sorted(p.name for p in fast.iterdir())
     for file in sorted(fast.iterdir()):
         assert pq.read_table(slow / file.name).equals(pq.read_table(file)), file.name
+
+
+def test_names_resolve_the_same_when_string_ids_are_sparse(tmp_path, converted):
+    """nsys numbers its strings 0, 1, 2, ... and names are then gathered by id; ids too sparse
+    to index by (a hand-made file) are joined instead, with the same result."""
+    directory = tmp_path / "export"
+    shutil.copytree(converted(HEALTHY, "parquetdir"), directory)
+    strings = pq.read_table(directory / "StringIds.parquet")
+    extra = pa.table({"id": pa.array([2**40], type=strings.schema.field("id").type),
+                      "value": pa.array(["far away"], type=strings.schema.field("value").type)})
+    pq.write_table(pa.concat_tables([strings, extra]), directory / "StringIds.parquet")
+    reference = load_trace(HEALTHY)
+    sparse = load_trace(directory)
+    for kind in FRAME_SCHEMAS:
+        assert getattr(sparse, kind).equals(getattr(reference, kind)), kind
