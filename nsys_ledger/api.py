@@ -53,7 +53,8 @@ DEFAULT_STEP_RULE = StepRule(
 # (generation_0) is not a decode step.
 KINETO_STEP_RULE = StepRule(
     method="auto",
-    nvtx_regex=r"^execute_(?:\d+_)?context_\d+\(.*\)_generation_\d+\(",
+    # ... or torch.profiler's own `ProfilerStep#N` around each profiler.step() (HF generate loops)
+    nvtx_regex=r"^execute_(?:\d+_)?context_\d+\(.*\)_generation_\d+\(|^ProfilerStep#\d+$",
     marker_regex=DEFAULT_STEP_RULE.marker_regex,
     exclude_nvtx_regex=r"context_[1-9]\d*\(|_generation_0\(",
     exclude_ops=(),

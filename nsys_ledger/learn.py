@@ -45,7 +45,6 @@ from nsys_ledger.ledger.model import (
     StepEntryGaps,
     StepRule,
 )
-from nsys_ledger.ledger.sections.layers import compact_layers
 from nsys_ledger.multifile import check_many
 
 STEP_KEY = ["rank", "step"]
@@ -145,15 +144,15 @@ def learned_ops(names: pl.DataFrame, base: Expectations | None) -> dict[str, OpD
                if not fallback}
     kept = [name for name in base_ops if name in claimed or name in _ops_named_by_rules(base)]
     derived: dict[tuple, _DerivedOp] = {}
-    for name, op, kernels, base_group, in_layer, layer_group, fallback in names.select(
-        "name", "op", "kernels", "base_group", "in_layer", "layer_group", "fallback"
+    for name, op, kernels, base_group, in_layer, layer_group in names.select(
+        "name", "op", "kernels", "base_group", "in_layer", "layer_group"
     ).iter_rows():
         if op in kept:
             continue
         key, op_name, patterns, gemm = _derive(name)
         entry = derived.setdefault(key, _DerivedOp(op_name, patterns, gemm, Counter()))
         entry.kernels += kernels
-        entry.groups[_group_of(in_layer, layer_group, base_group if fallback or op != UNMATCHED_OP else None)] += kernels
+        entry.groups[_group_of(in_layer, layer_group, base_group)] += kernels
         entry.examples.append(name)
     ops = {name: base_ops[name] for name in kept}
     used = set(ops)

@@ -84,10 +84,15 @@ def expand_trace_paths(paths: Iterable[str | os.PathLike[str]]) -> list[str]:
     return files
 
 
+KINETO_SUFFIXES = (".json", ".json.gz")
+
+
 def _directory_traces(directory: str) -> list[str]:
     entries = list(os.scandir(directory))
     names = [entry.name for entry in entries if entry.is_file()]
     exports = {n for n in names if n.lower().endswith(EXPORT_SUFFIX)}
+    # PyTorch profiler traces, one per rank (SGLang: <ts>-TP-<rank>.trace.json.gz)
+    exports |= {n for n in names if n.lower().endswith(KINETO_SUFFIXES)}
     # parquetdir / arrowdir exports inside it (rank0.parquetdir/, ...): one export each
     exports |= {entry.name for entry in entries if entry.is_dir() and is_table_directory(entry.path)}
     exported_stems = {n.rsplit(".", 1)[0].lower() for n in exports}
@@ -98,7 +103,7 @@ def _directory_traces(directory: str) -> list[str]:
     chosen = sorted(exports | reports, key=_natural_key)
     if not chosen:
         raise TraceError(directory, "is a directory without trace files (*.sqlite, *.nsys-rep, "
-                                    "parquetdir or arrowdir exports)")
+                                    "parquetdir or arrowdir exports, *.json / *.json.gz profiler traces)")
     return [os.path.join(directory, n) for n in chosen]
 
 

@@ -31,8 +31,11 @@ from nsys_ledger.ledger.model import Expectations, LayerRule
 from nsys_ledger.trace.model import Trace
 
 # SGLang's --enable-layerwise-nvtx-marker text ({'Module': 'model.model.layers.12.self_attn',
-# ...}), and plain `layers.12` / `layers_12` / `layer_12` names.
-DEFAULT_LAYER_REGEX = r"""(?:'Module': 'model\.model\.layers\.|\blayers[._]|\blayer_)(\d+)"""
+# ...}), plain `layers.12` / `layers_12` / `layer_12` names, and the PyTorch profiler's module
+# ranges (`with_modules=True`: `nn.Module: Qwen3DecoderLayer_12`, `nn.Module: Block_3`).
+DEFAULT_LAYER_REGEX = (
+    r"""(?:'Module': 'model\.model\.layers\.|\blayers[._]|\blayer_|nn\.Module: \w*(?:DecoderLayer|Block)_)(\d+)"""
+)
 
 REPLAY_NVTX = "replay_nvtx"
 CAPTURE_NVTX = "capture_nvtx"

@@ -14,6 +14,7 @@ from nsys_ledger.attribution.layers import inference_rule_text
 from nsys_ledger.attribution.kernel_names import gemm_shape_text
 from nsys_ledger.checks.coverage import FALLBACK, NO_OP, SPECIFIC
 from nsys_ledger.checks.ledger import short_kernel_name
+from nsys_ledger.trace.kineto_reader import KINETO_VERSION_SOURCE
 from nsys_ledger.report.text import printable  # names and paths from the trace, escaped
 from nsys_ledger.report.timeline_text import timeline_lines
 
@@ -45,6 +46,9 @@ def _facts(result: Result) -> list[str]:
     meta = trace.meta
     version = meta.nsys_version or "unknown version"
     schema = f" (schema {meta.schema_version})" if meta.schema_version else ""
+    producer = f"nsys {version}{schema}"
+    if meta.version_source == KINETO_VERSION_SOURCE:
+        producer = f"PyTorch profiler (Kineto) trace{schema}"
     devices = ", ".join(
         f"{d} {printable(n or 'GPU')}" for d, n in trace.devices.select("device", "name").iter_rows()
     ) or "none"
@@ -54,7 +58,7 @@ def _facts(result: Result) -> list[str]:
     excluded_text = "; ".join(f"{n} {printable(reason)}" for reason, n in excluded.iter_rows())
     lines = [
         click.style(f"nsys-ledger check {printable(trace.path)}", bold=True),
-        f"trace     nsys {version}{schema}; devices: {devices}"
+        f"trace     {producer}; devices: {devices}"
         + (f"; {graph_mode[meta.cuda_graph_trace]}" if totals.graph_replays and meta.cuda_graph_trace in graph_mode
            else ""),
         f"totals    {totals.kernels:,} kernels ({by_device or 'none'}); {totals.h2d_copies:,} H2D copies "
