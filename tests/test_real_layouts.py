@@ -114,3 +114,30 @@ def test_b200_dense_gemms_fall_back_and_say_so(tmp_path, glm):
     assert result.layers.kernels_by_how()["capture_nvtx"] > 0
     # with the capture-time module NVTX the fallback GEMMs still count in their layer's group
     assert result.verdict == "pass", [f.message for f in result.findings]
+
+
+def test_op_coverage_in_terminal_json_and_html(glm):
+    """How much of the step the ledger names: 1668 kernels per step by a specific op, 334 only by
+    a fallback (the 2x78 cuBLAS absorption GEMMs and the shared/dense DeepGEMM GEMMs: 78 + 78 +
+    75 + 75 + 3 + 3 + 21 wk + 1 LM head), none unnamed."""
+    from nsys_ledger.report.html import render_html
+
+    result = nsys_ledger.check(SAMPLES / "glm5-graph-healthy.sqlite", glm)
+    cov = result.coverage
+    assert (cov.kernels("specific"), cov.kernels("fallback"), cov.kernels("no_op")) == (4 * 1668, 4 * 334, 0)
+    text = click.unstyle(render(result))
+    assert ("ops       2,002.0 decode kernels per step: specific op 1,668.0 (83.3%), generic fallback 334.0 (16.7%), "
+            "no op 0.0 (0.0%)") in text
+    assert "fallback    75.0/step  deepgemm_dense: deep_gemm::sm90_fp8_gemm_1d2d_impl (N=512 K=6144, normal)" in text
+    doc = result_document(result)["op_coverage"]
+    assert (doc["decode_kernels"], doc["steps"]) == (8008, 4)
+    assert doc["specific"] == {"kernels": 6672, "per_step": 1668.0, "share": 0.8332}
+    assert doc["no_op"]["kernels"] == 0 and doc["top_no_op"] == []
+    assert [(t["op"], t["per_step"]) for t in doc["top_fallback"][:2]] == [("cublas_gemm", 78.0)] * 2
+    page = render_html(result)
+    assert '<h2 id="op-coverage">Op coverage</h2>' in page and "only a generic fallback op" in page
+
+    # a kernel no op names shows up as such, per step
+    layer41 = nsys_ledger.check(SAMPLES / "glm5-graph-layer41.sqlite", glm)
+    assert layer41.coverage.to_dict()["top_no_op"][0]["per_step"] == 1.0
+    assert "no op        1.0/step  at::native::elementwise_kernel" in click.unstyle(render(layer41))
