@@ -49,3 +49,21 @@ def test_a_directory_of_profiler_traces_is_a_rank_set(tmp_path):
         shutil.copy(HF_H100, tmp_path / f"1700000000-TP-{rank}.trace.json.gz")
     assert [Path(p).name for p in expand_trace_paths([tmp_path])] == [
         "1700000000-TP-0.trace.json.gz", "1700000000-TP-1.trace.json.gz"]
+
+
+SGLANG_DECODE = KINETO / "AMD-AGI__TraceLens__inference_sglang_decode_sglang_Qwen3-8B_decode.json.gz"
+
+
+def test_a_ledger_for_another_model_points_to_match_and_learn():
+    """The GLM-5.3 ledger on a Qwen3-8B decode (AMD aiter kernels): most kernels have no op,
+    and the check says how to get a ledger that describes the build."""
+    import click
+
+    from nsys_ledger.report.terminal import render
+
+    glm = Path(__file__).resolve().parents[1] / "expectations" / "glm-5.3-tp8-ep8.toml"
+    result = nsys_ledger.check(SGLANG_DECODE, glm)
+    assert result.coverage.kernels("no_op") == 474 and result.coverage.total == 546
+    text = click.unstyle(render(result))
+    assert "no op 474.0 (86.8%)" in text
+    assert "hint: the ledger does not describe this build" in text and "`nsys-ledger learn`" in text

@@ -112,6 +112,7 @@ def _layer_lines(result: Result) -> list[str]:
 
 COVERAGE_LABELS = ((SPECIFIC, "specific op"), (FALLBACK, "generic fallback"), (NO_OP, "no op"))
 COVERAGE_NAME_WIDTH = 90
+UNNAMED_SHARE_HINT = 0.05  # more decode kernels than this without an op: point to match and learn
 
 
 def _coverage_lines(result: Result, limit: int = 3) -> list[str]:
@@ -129,6 +130,9 @@ def _coverage_lines(result: Result, limit: int = 3) -> list[str]:
             shape = gemm_shape_text(name)
             lines.append(f"          {label:<8} {per_step:7.1f}/step  {claimed}"
                          f"{printable(short_kernel_name(name, COVERAGE_NAME_WIDTH))}" + (f" ({shape})" if shape else ""))
+    if cov.share(NO_OP) > UNNAMED_SHARE_HINT:
+        lines.append("          hint: the ledger does not describe this build: see how it reads the names with "
+                     "`nsys-ledger expectations match`, or learn one from a healthy capture with `nsys-ledger learn`")
     return lines
 
 
