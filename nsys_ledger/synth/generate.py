@@ -66,6 +66,7 @@ from nsys_ledger.synth import schedule as S
 from nsys_ledger.synth.nsys_schema import ERA_2026_2, SchemaEra
 from nsys_ledger.synth.nsys_sqlite import CaptureFacts, NsysSqliteExport
 from nsys_ledger.synth.schema_eras import era_for_version
+from nsys_ledger.synth.topologies import DEFAULT_TOPOLOGY, get_topology
 
 FAULTS = ("broken_fusion", "chunked_indexer", "extra_gaps", "extra_h2d", "split_graph",
           "layer_fault", "pageable_h2d", "extra_gaps_host", "extra_gaps_sync",
@@ -94,6 +95,8 @@ SYNC_GAP_HOST_NS = 4_000
 #   launch returned long before: the device's latency between two graph launches.
 GRAPH_GAP_NS = 5_000
 SPLIT_FAULTS = frozenset({"split_graph", "extra_gaps_graph"})  # faults that capture two graphs
+# faults that only a topology with MTP knows (kept apart from FAULTS, the reference schedule's)
+TOPOLOGY_FAULTS = ("missing_draft_replay",)
 GAP_THRESHOLD_NS = 2_000
 # Step entry in graph mode: the GPU finishes the step's small pinned H2D copies in 1-2 µs and
 # then waits for cudaGraphLaunch, whose host call (submitting a ~2000-node graph) returns only
@@ -222,6 +225,7 @@ class GenerateSummary:
     schema_era: str = ERA_2026_2.name  # the nsys export layout written
     # graph mode: StepTruth.entry_gap_ns of every decode step, in step_truth order
     step_entry_gaps_ns: tuple[int, ...] = ()
+    topology: str = DEFAULT_TOPOLOGY  # the deployment simulated (synth/topologies.py)
 
     def steps_of(self, rank: int = 0) -> list[StepTruth]:
         return [s for s in self.step_truth if s.rank == rank]
@@ -327,15 +331,31 @@ class _Rank:
         self.capture_nodes = 0
         scale = cfg.slow_factor if cfg.slow_rank == rank else 1.0
         layout = cfg.deepgemm_layout
+        topology = cfg.topology
         self.decode_graph = S.decode_schedule(cfg.batch, cfg.faults, alt_streams=True,
-                                              deepgemm_layout=layout)
+                                              deepgemm_layout=layout, topology=topology)
         self.decode_eager = S.decode_schedule(cfg.batch, cfg.faults, alt_streams=False,
-                                              deepgemm_layout=layout)
-        self.prefill = S.prefill_schedule(cfg.batch, cfg.faults, deepgemm_layout=layout)
+                                              deepgemm_layout=layout, topology=topology)
+        self.prefill = S.prefill_schedule(cfg.batch, cfg.faults, deepgemm_layout=layout,
+                                          topology=topology)
+        # MTP: after the prefill's sampling the draft model extends over the prompt, eagerly
+        self.prefill_draft_extend = (
+            S.Schedule("prefill", cfg.batch, cfg.batch * S.PREFILL_TOKENS_PER_REQ,
+                       S.mtp_prefill_extend(cfg.batch, cfg.faults, deepgemm_layout=layout,
+                                            topology=topology),
+                       self.prefill.sampling, topology=topology)
+            if get_topology(topology).mtp else None)
         if scale != 1.0:
             self.decode_graph = S.with_durations(self.decode_graph, scale)
             self.decode_eager = S.with_durations(self.decode_eager, scale)
             self.prefill = S.with_durations(self.prefill, scale)
+        # the prefill samples its next token with the target's sampler (with MTP the decode
+        # step's eager kernel is the draft verification instead)
+        self.prefill_sampler = self.decode_graph
+        if self.prefill_draft_extend is not None:
+            self.prefill_sampler = replace(self.decode_graph, sampling=S.KernelSpec(
+                S.SAMPLING, "sampling", "outside", "", None, "main",
+                S.decode_cost_ns(S.SAMPLING.key, cfg.batch)))
 
     # -- random helpers (deterministic per rank) ---------------------------------------------
     def u(self, lo: int, hi: int) -> int:
@@ -371,7 +391,7 @@ class _Rank:
             # (real SGLang traces show tens of µs per module), which is what makes eager decode
             # with markers host bound
             self.t += self.u(12_000, 30_000)
-            self.push_range(S.nvtx_marker_text(mod, tokens), mod)
+            self.push_range(S.nvtx_marker_text(mod, tokens, self.cfg.topology), mod)
 
     def push_range(self, text: str, key: str) -> None:
         self.nvtx_stack.append((key, self.t))
@@ -414,6 +434,7 @@ class _Config:
     capture_batch_sizes: tuple[int, ...] = ()
     clone_links: int = 1
     deepgemm_layout: str = S.DEFAULT_DEEPGEMM_LAYOUT
+    topology: str = DEFAULT_TOPOLOGY
 
 
 # ------------------------------------------------------------------------------------------------
@@ -734,11 +755,13 @@ def _rank_program(rs: _Rank) -> Iterator:
             si = rs.decode_graph.split_index()
             parts = [(0, si), (si, len(rs.decode_graph.kernels))]
         else:
-            parts = [(0, len(rs.decode_graph.kernels))]
+            # one graph, or with MTP the draft, verify and draft_extend graphs of the step
+            bounds = (0, *rs.decode_graph.graph_starts, len(rs.decode_graph.kernels))
+            parts = list(zip(bounds[:-1], bounds[1:]))
         for bs in cfg.capture_batch_sizes or (cfg.batch,):
             # one graph per captured batch size; its layer-wise NVTX text carries that size
             sched = rs.decode_graph if bs == cfg.batch else S.decode_schedule(
-                bs, cfg.faults, deepgemm_layout=cfg.deepgemm_layout)
+                bs, cfg.faults, deepgemm_layout=cfg.deepgemm_layout, topology=cfg.topology)
             captured = _capture(rs, sched, parts)
             if bs == cfg.batch:
                 graphs = captured
@@ -760,21 +783,30 @@ def _rank_program(rs: _Rank) -> Iterator:
         if step is not None and "extra_gaps_sync" in cfg.faults:
             _stream_sync(rs, STREAM_MAIN)  # the step's first kernel waits for the host (gap site 0)
             rs.t += SYNC_GAP_HOST_NS
+        sampled = False
         if step is None:
             yield from _eager_forward(rs, rs.prefill, nvtx=cfg.layerwise_nvtx)
         elif graph_mode:
+            sample_after = rs.decode_graph.sampling_after_graph
             for gi, g in enumerate(graphs):
                 if gi > 0 and "split_graph" in cfg.faults:  # a small H2D copy between the replays
                     yield from _h2d(rs, CopyTruth("split_metadata", cfg.batch * 4, False))
                 entry = rs.cur.copies[-1] if gi == 0 else None
                 yield from _graph_replay(rs, g, gaps, step, entry_after=entry)
+                if gi == sample_after:  # MTP: verify the draft before the draft_extend replay
+                    yield from _sampling(rs, rs.decode_graph)
+                    sampled = True
         else:
             yield from _eager_forward(rs, rs.decode_eager, nvtx=cfg.layerwise_nvtx, gaps=gaps,
                                       step=step)
-        if step is not None and "extra_gaps_host" in cfg.faults:
+        if sampled:
+            pass
+        elif step is not None and "extra_gaps_host" in cfg.faults:
             yield from _late_sampling(rs, rs.decode_graph, step)
         else:
-            yield from _sampling(rs, rs.decode_graph)
+            yield from _sampling(rs, rs.decode_graph if step is not None else rs.prefill_sampler)
+        if step is None and rs.prefill_draft_extend is not None:
+            yield from _eager_forward(rs, rs.prefill_draft_extend, nvtx=cfg.layerwise_nvtx)
         if cfg.step_nvtx:
             rs.t += rs.u(300, 800)
             rs.nvtx.append((step_range[0], rs.t, step_range[1]))
@@ -860,8 +892,14 @@ def generate(out_path: str | Path, *, mode: str = "graph", steps: int = 8, ranks
              vacuum: bool = False, nsys_version: str | None = None,
              capture_batch_sizes: tuple[int, ...] | None = None,
              clone_links: int = 1,
-             deepgemm_layout: str = S.DEFAULT_DEEPGEMM_LAYOUT) -> GenerateSummary:
+             deepgemm_layout: str = S.DEFAULT_DEEPGEMM_LAYOUT,
+             topology: str = DEFAULT_TOPOLOGY) -> GenerateSummary:
     """Write one synthetic nsys export of SGLang GLM-5.3 decode and return the truth about it.
+
+    topology: the deployment simulated, one of synth.topologies.TOPOLOGIES: "glm-5.3-tp8-ep8"
+    (default), "glm-5.3-dp8-ep8" (DP attention), "glm-5.3-tp8-ep8-mtp" (MTP: draft, verify and
+    draft_extend graphs per step; graph mode only; the fault "missing_draft_replay" drops the
+    draft replay), "deepseek-v3.2-tp8-ep8".
 
     mode: "graph" (decode replayed from CUDA graphs, `--cuda-graph-trace=node`) or "eager".
     faults: any of FAULTS. slow_rank: that rank's kernels run `slow_factor` times longer.
@@ -886,9 +924,16 @@ def generate(out_path: str | Path, *, mode: str = "graph", steps: int = 8, ranks
         raise ValueError(f"graph-level traces are written in the 2024+ layouts, not {era.name}")
     if mode not in ("graph", "eager"):
         raise ValueError(f"mode must be 'graph' or 'eager', not {mode!r}")
-    bad = sorted(set(faults) - set(FAULTS))
+    topo = get_topology(topology)
+    bad = sorted(set(faults) - set(FAULTS) - set(TOPOLOGY_FAULTS))
     if bad:
-        raise ValueError(f"unknown faults {bad}; known: {FAULTS}")
+        raise ValueError(f"unknown faults {bad}; known: {FAULTS + TOPOLOGY_FAULTS}")
+    if set(faults) & set(TOPOLOGY_FAULTS) and not topo.mtp:
+        raise ValueError("missing_draft_replay needs a topology with MTP")
+    if topo.mtp and (mode != "graph" or SPLIT_FAULTS & set(faults) or
+                     "extra_gaps_host" in faults or cuda_graph_trace != "node"):
+        raise ValueError(f"{topology} is simulated in graph mode with node-level tracing, "
+                         "without split_graph, extra_gaps_graph or extra_gaps_host")
     if cuda_graph_trace not in ("node", "graph"):
         raise ValueError("cuda_graph_trace must be 'node' or 'graph'")
     split = SPLIT_FAULTS & set(faults)
@@ -905,7 +950,7 @@ def generate(out_path: str | Path, *, mode: str = "graph", steps: int = 8, ranks
     cfg = _Config(mode, steps, ranks, batch, seed, frozenset(faults), step_nvtx, prefill,
                   cuda_graph_trace, slow_rank, slow_factor, layerwise_nvtx, era.driver_launches,
                   capture_batch_sizes=sizes, clone_links=clone_links,
-                  deepgemm_layout=deepgemm_layout)
+                  deepgemm_layout=deepgemm_layout, topology=topo.name)
     rks = [_Rank(r, cfg) for r in range(ranks)]
     gens = [_rank_program(rs) for rs in rks]
     truth_steps: list[StepTruth] = []
@@ -959,7 +1004,8 @@ def generate(out_path: str | Path, *, mode: str = "graph", steps: int = 8, ranks
         kernels_per_step=len(sched.kernels) + 1, graph_kernels_per_step=n_graph,
         step_kernel_counts=names, step_short_counts=dict(shorts),
         step_group_counts=sched.counts_by_group(),
-        graph_launches_per_step=(2 if SPLIT_FAULTS & set(faults) else 1) if mode == "graph" else 0,
+        graph_launches_per_step=(2 if SPLIT_FAULTS & set(faults) else 1 + len(sched.graph_starts))
+        if mode == "graph" else 0,
         h2d_per_step=len(copies), pageable_h2d_per_step=sum(c.pageable for c in copies),
         copies_per_step=copies,
         launch_calls_per_step=1 if mode == "graph" else len(sched.kernels) + 1,
@@ -975,7 +1021,8 @@ def generate(out_path: str | Path, *, mode: str = "graph", steps: int = 8, ranks
         clone_links=clone_links if mode == "graph" else 0,
         deepgemm_layout=deepgemm_layout, schema_era=era.name,
         step_entry_gaps_ns=tuple(t.entry_gap_ns for t in truth_steps
-                                 if t.entry_gap_ns is not None))
+                                 if t.entry_gap_ns is not None),
+        topology=topo.name)
     return summary
 
 

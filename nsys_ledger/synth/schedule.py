@@ -44,6 +44,7 @@ from nsys_ledger.synth.deepgemm import (
     deepgemm_name,
     glm_config,
 )
+from nsys_ledger.synth.topologies import DEFAULT_TOPOLOGY, Topology, get_topology
 from nsys_ledger.synth.deepgemm import short_name as deepgemm_short_name
 from nsys_ledger.synth.names import NSYS, KernelName, bool_, enum, int_, plain, type_, uint
 
@@ -165,10 +166,12 @@ def _deepgemm_kernel(g: GlmGemm, layout: str) -> KernelType:
 
 
 @lru_cache(maxsize=None)
-def deepgemm_kernels(layout: str = DEFAULT_DEEPGEMM_LAYOUT) -> dict[str, KernelType]:
-    """The DeepGEMM kernels of the GLM-5.3 forward pass, spelled in `layout`, by schedule key."""
+def deepgemm_kernels(layout: str = DEFAULT_DEEPGEMM_LAYOUT,
+                     gemms: tuple[GlmGemm, ...] = GLM_GEMMS) -> dict[str, KernelType]:
+    """The DeepGEMM kernels of a forward pass (default GLM-5.3 TP8's `GLM_GEMMS`; a topology
+    passes its own shapes), spelled in `layout`, by schedule key."""
     check_layout(layout)
-    return {g.key: _deepgemm_kernel(g, layout) for g in GLM_GEMMS}
+    return {g.key: _deepgemm_kernel(g, layout) for g in gemms}
 
 
 # cuBLAS (C-style kernel names: demangled == short == mangled). The absorption GEMMs are the
@@ -353,6 +356,121 @@ STRAY_COPY = _reg(KernelType(
        "int, T3"),
     "elementwise_kernel", RT_LAUNCH, (384, 1, 1), (128, 1, 1), 18))
 
+# ---- DP attention collectives (topology glm-5.3-dp8-ep8) ---------------------------------------
+# The seed: under DP attention "每层多出一次 dp_gather(AllGather)与一次 ReduceScatter" (every
+# layer gets one more AllGather and one ReduceScatter; 78 layers: 156 more collectives). NCCL
+# names as a real trace shows them (TSV: `ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage
+# <4096ul>)` in c++filt spelling; nsys casts the argument instead).
+_NCCL_ARGS = "ncclDevKernelArgsStorage<(unsigned long)4096>"
+DP_GATHER = _reg(KernelType(
+    "nccl_allgather", KernelName("ncclDevKernel_AllGather_RING_LL", None, _NCCL_ARGS),
+    "ncclDevKernel_AllGather_RING_LL", RT_LAUNCH_EX, (8, 1, 1), (544, 1, 1), 96, collective=True))
+DP_REDUCE_SCATTER = _reg(KernelType(
+    "nccl_reduce_scatter", KernelName("ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL", None, _NCCL_ARGS),
+    "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL", RT_LAUNCH_EX, (8, 1, 1), (544, 1, 1), 96,
+    collective=True))
+
+# ---- MTP (topology glm-5.3-tp8-ep8-mtp): SGLang's EAGLE worker with the model's MTP layer ------
+# draft graph (one speculative step, top-1): the previous draft_extend's top-1 token becomes the
+# verify input: the tree positions/mask (sgl-kernel build_tree_kernel_efficient) and the KV slots
+# of the draft token (the Triton kernel assign_draft_cache_locs). Both plain names.
+DRAFT_BUILD_TREE = _reg(KernelType("eagle_build_tree", plain("build_tree_efficient"),
+                                   "build_tree_efficient", RT_LAUNCH, (32, 1, 1), (64, 1, 1), 32))
+DRAFT_CACHE_LOCS = _reg(KernelType("eagle_assign_cache_locs", plain("assign_draft_cache_locs"),
+                                   "assign_draft_cache_locs", DRV_LAUNCH_EX, (32, 1, 1), (128, 1, 1), 24))
+# draft_extend graph, around the MTP decoder layer (SGLang DeepseekModelNextN): torch.cat of
+# enorm(embedding) and hnorm(target hidden) (ATen, as the TSV's CatArrayBatchedCopy row), eh_proj
+# 2 x hidden -> hidden in bf16 (an nn.Linear: cuBLAS), softmax + top-1 of the draft logits.
+MTP_CAT = _reg(KernelType(
+    "cat_batched_copy",
+    _k("at::native::<unnamed>::CatArrayBatchedCopy",
+       (type_("at::native::<unnamed>::OpaqueType<(unsigned int)2>",
+              "at::native::(anonymous namespace)::OpaqueType<2u>"), type_("unsigned int"), int_(2),
+        int_(64), int_(64)),
+       "T1 *, at::native::<unnamed>::CatArrInputTensorMetadata<T1, T2, (int)64, (int)64>, "
+       "at::native::<unnamed>::TensorSizeStride<T2, (unsigned int)4>, int, T2"),
+    "CatArrayBatchedCopy", RT_LAUNCH, (48, 1, 2), (512, 1, 1), 32))
+_NVJET_EH_PROJ = "nvjet_tst_128x8_64x8_2x1_v_bz_splitK_TNT"
+MTP_EH_PROJ = _reg(KernelType("gemm_mtp_eh_proj", plain(_NVJET_EH_PROJ), _NVJET_EH_PROJ, RT_LAUNCH,
+                              (48, 1, 4), (128, 1, 1), 168, 0, 98_304))
+SOFTMAX = _reg(KernelType(
+    "softmax",
+    _k("<unnamed>::cunn_SoftMaxForward",
+       (int_(4), type_("float"), type_("float"), type_("float"),
+        type_("<unnamed>::SoftMaxForwardEpilogue", "(anonymous namespace)::SoftMaxForwardEpilogue")),
+       "T3 *, const T2 *, int"),
+    "cunn_SoftMaxForward", RT_LAUNCH, (32, 1, 1), (1024, 1, 1), 40))
+# the argmax of the TSV's `sampling` row (at::native::reduce_kernel with ArgMaxOps), as nsys spells it
+ARGMAX = _reg(KernelType(
+    "argmax_reduce",
+    _k("at::native::reduce_kernel",
+       (int_(512), int_(1), type_("at::native::ReduceOp<float, at::native::ArgMaxOps<float>, "
+                                  "unsigned int, long, (int)4>",
+                                  "at::native::ReduceOp<float, at::native::ArgMaxOps<float>, "
+                                  "unsigned int, long, 4>")),
+       "T3"),
+    "reduce_kernel", RT_LAUNCH, (32, 1, 1), (32, 16, 1), 32))
+# verify: the target's tokens checked against the draft, outside the graphs (it reads the
+# verify logits; the step's marker kernel). sgl-kernel's port of flashinfer's tree speculative
+# sampling (top-k/top-p renormalization of the probabilities not modelled apart).
+VERIFY_SAMPLING = _reg(KernelType(
+    "tree_speculative_sampling",
+    _k("flashinfer::sampling::TreeSpeculativeSamplingTargetOnly",
+       (uint(1024), enum("cub::CUB_200800_900_NS::BlockScanAlgorithm", 2),
+        enum("cub::CUB_200800_900_NS::BlockReduceAlgorithm", 2), uint(1), bool_(False),
+        type_("float"), type_("int"), type_("long")),
+       "T7 *, T7 *, T7 *, T8 *, T8 *, T8 *, T6 *, T6 *, T6 *, unsigned int, unsigned int, "
+       "unsigned int, unsigned int, T6, T6, bool"),
+    "TreeSpeculativeSamplingTargetOnly", RT_LAUNCH_EX, (32, 1, 1), (1024, 1, 1), 64, 0, 30_720))
+
+# ---- DeepSeek-V3.2 (topology deepseek-v3.2-tp8-ep8) --------------------------------------------
+# glm-decode-ledger.md: the router GEMM is cuBLAS except "router_gemm_kernel_float_output only for
+# hidden 7168" (sgl-kernel's DeepSeek-V3 router GEMM: 256 experts, K=7168). Template arguments
+# after flashinfer's port of the same kernel (TSV row router_gemm, DeepSeek-V3.2 on B200:
+# `router_gemm_kernel<__nv_bfloat16, float, 128, 8, 16, 256, 7168>`).
+ROUTER_GEMM_DSV3 = _reg(KernelType(
+    "gemm_router_dsv3",
+    _k("router_gemm_kernel_float_output",
+       (_BF16, int_(128), int_(8), int_(16), int_(256), int_(7168)),
+       "float *, const T1 *, const T1 *"),
+    "router_gemm_kernel_float_output", RT_LAUNCH_EX, (256, 1, 1), (128, 1, 1), 64))
+
+
+@lru_cache(maxsize=None)
+def topology_kernels(name: str, layout: str = DEFAULT_DEEPGEMM_LAYOUT) -> dict[str, KernelType]:
+    """The kernel of each schedule key for topology `name`: the reference GLM-5.3 TP8 kernels,
+    with the ones whose name or launch holds a model or layout number spelled for the topology
+    (the same objects for GLM-5.3 TP8, so its output does not move)."""
+    topo = get_topology(name)
+    kernels: dict[str, KernelType] = {**_K, **deepgemm_kernels(layout, topo.gemms)}
+    heads = topo.local_heads
+    if heads != 8:
+        # the absorption bmms batch over the local heads (grid z): 64 under DP attention
+        # (64 heads, attn_tp 1), 16 for DeepSeek-V3.2 at TP8 (128 / 8)
+        for key in ("bmm_q_absorb", "bmm_o_absorb"):
+            kt = kernels[key]
+            kernels[key] = replace(kt, grid=(kt.grid[0], kt.grid[1], heads), mangled="")
+    if topo.index_heads != 32:
+        # DeepGEMM's paged MQA logits is compiled for the indexer's head count (GLM: 32)
+        base = PAGED_MQA_LOGITS
+        args = list(base.spelled.args)
+        args[1] = uint(topo.index_heads)
+        kernels["paged_mqa_logits"] = replace(
+            base, spelled=KernelName(base.spelled.qualname, tuple(args), base.spelled.params),
+            mangled="")
+    if topo.hidden != 6144:
+        # DeepEP's low-latency kernels are compiled for the hidden size (TSV: `<..., 7168>` for
+        # DeepSeek-V3); the router GEMM is sgl-kernel's dedicated kernel at hidden 7168
+        for key, base, at in (("deepep_dispatch", DEEPEP_DISPATCH, 2), ("deepep_combine", DEEPEP_COMBINE, 1)):
+            args = list(base.spelled.args)
+            args[at] = int_(topo.hidden)
+            kernels[key] = replace(
+                base, spelled=KernelName(base.spelled.qualname, tuple(args), base.spelled.params),
+                mangled="")
+        kernels["gemm_router"] = ROUTER_GEMM_DSV3
+    return kernels
+
+
 # every kernel of the schedules, with the DeepGEMM GEMMs in the default layout
 KERNEL_TYPES: dict[str, KernelType] = {**_K, **deepgemm_kernels()}
 
@@ -400,6 +518,20 @@ DECODE_COST_US: dict[str, tuple[float, float]] = {
     "embedding": (2.0, 0.5),
     "sampling": (31.0, 0.5),
     "stray_copy": (2.8, 0.5),
+    # DP attention: gather the DP ranks' tokens before each FFN, reduce-scatter after it
+    # (8 x 32 rows x 6144 x 2 B = 3.1 MB gathered per layer on NVLink)
+    "nccl_allgather": (9.5, 0.6),
+    "nccl_reduce_scatter": (11.0, 0.6),
+    # MTP
+    "eagle_build_tree": (3.4, 0.3),
+    "eagle_assign_cache_locs": (2.6, 0.3),
+    "cat_batched_copy": (2.1, 0.5),
+    "gemm_mtp_eh_proj": (6.8, 0.1),  # 12288 x 6144 bf16 = 151 MB would be 31 us: replicated
+    "softmax": (4.6, 0.8),           # over the 154880 / 8 vocabulary columns of a rank
+    "argmax_reduce": (3.9, 0.8),
+    "tree_speculative_sampling": (24.0, 0.5),
+    # DeepSeek-V3.2
+    "gemm_router_dsv3": (3.6, 0.2),
 }
 # Prefill kernels (batch x PREFILL_TOKENS_PER_REQ tokens) run this many times longer than the
 # decode kernel of the same op; prefill-only kernels get their own base.
@@ -497,30 +629,78 @@ _INPUT_WIDTH: dict[str, list[list[int]]] = {
 }
 
 
-def nvtx_marker_text(module: str, tokens: int) -> str:
+@lru_cache(maxsize=None)
+def _module_tables(topology: str) -> tuple[dict, dict]:
+    """(direct parameter shapes, input widths) per module kind for `topology`: the GLM-5.3 TP8
+    tables above, or the same modules at the topology's shapes (see synth/topologies.py)."""
+    if topology == DEFAULT_TOPOLOGY:
+        return _PARAMS, _INPUT_WIDTH
+    t = get_topology(topology)
+    h, q, heads = t.hidden, t.q_lora_rank, t.local_heads
+    qk = heads * (t.qk_nope_head_dim + 64)
+    o_in = heads * t.v_head_dim
+    kv_a = q + 512 + 64
+    inter = t.intermediate // t.tp
+
+    def blocks(n: int, k: int) -> list[int]:  # FP8 128 x 128 block scales
+        return [-(-n // 128), -(-k // 128)]
+
+    params = {**_PARAMS,
+              "input_layernorm": {"weight": [h]}, "post_attention_layernorm": {"weight": [h]},
+              "self_attn.fused_qkv_a_proj_with_mqa": {"weight": [kv_a, h],
+                                                     "weight_scale_inv": blocks(kv_a, h)},
+              "self_attn.q_a_layernorm": {"weight": [q]},
+              "self_attn.q_b_proj": {"weight": [qk, q], "weight_scale_inv": blocks(qk, q)},
+              "self_attn.o_proj": {"weight": [h, o_in], "weight_scale_inv": blocks(h, o_in)},
+              "self_attn.indexer.wq_b": {"weight": [t.index_heads * 128, q],
+                                         "weight_scale_inv": blocks(t.index_heads * 128, q)},
+              "self_attn.indexer.wk": {"weight": [128 + t.index_heads, h]},
+              "mlp.gate": {"weight": [256, h], "e_score_correction_bias": [256]},
+              "mlp.experts": {"w13_weight": [32, 4096, h], "w2_weight": [32, h, 2048]},
+              "mlp.shared_experts.gate_up_proj": {"weight": [512, h], "weight_scale_inv": blocks(512, h)},
+              "mlp.shared_experts.down_proj": {"weight": [h, 256], "weight_scale_inv": blocks(h, 256)},
+              "mlp.gate_up_proj": {"weight": [2 * inter, h], "weight_scale_inv": blocks(2 * inter, h)},
+              "mlp.down_proj": {"weight": [h, inter], "weight_scale_inv": blocks(h, inter)}}
+    widths = {key: [[h if w == HIDDEN else w for w in shape] for shape in shapes]
+              for key, shapes in _INPUT_WIDTH.items()}
+    widths.update({"self_attn.q_a_layernorm": [[q]], "self_attn.q_b_proj": [[q]],
+                   "self_attn.rotary_emb": [[], [heads, 64], [1, 64]],
+                   "self_attn.attn_mqa": [[heads, 576], [1, 576], [heads, 512]],
+                   "self_attn.o_proj": [[o_in]], "self_attn.indexer": [[h], [q]],
+                   "self_attn.indexer.wq_b": [[q]], "mlp.act_fn": [[2 * inter]],
+                   "mlp.down_proj": [[inter]]})
+    return params, widths
+
+
+def nvtx_marker_text(module: str, tokens: int, topology: str = DEFAULT_TOPOLOGY) -> str:
     """The range text SGLang's layerwise NVTX marker pushes for `module` (a Python dict repr).
 
     Format as seen in real SGLang DeepSeek traces: {'Module': 'model.model.layers.0.self_attn.
-    q_a_layernorm', 'TrainableParams': {'weight': [1536]}, 'Inputs': [[2048, 1536]]}."""
+    q_a_layernorm', 'TrainableParams': {'weight': [1536]}, 'Inputs': [[2048, 1536]]}.
+    Shapes are those of `topology`; the MTP layer (`model.model.decoder`) reads as a layer."""
+    table_params, input_width = _module_tables(topology)
+    hidden = get_topology(topology).hidden
     rel = module
     if module.startswith("model.model.layers."):
         parts = module.split(".", 4)
         rel = parts[4] if len(parts) == 5 else "<layer>"
-    params = _PARAMS.get(rel, {})
+    elif module.startswith(f"{MTP_PREFIX}.decoder"):
+        rel = module[len(f"{MTP_PREFIX}.decoder."):] or "<layer>"
+    params = table_params.get(rel, {})
     if rel == "<layer>":
-        inputs: list[list[int]] = [[tokens], [tokens, HIDDEN], [tokens, HIDDEN]]
+        inputs: list[list[int]] = [[tokens], [tokens, hidden], [tokens, hidden]]
     elif module == "model.model.embed_tokens":
-        params = {"weight": [154880 // TP, HIDDEN]}
+        params = {"weight": [get_topology(topology).vocab // TP, hidden]}
         inputs = [[tokens]]
     elif module == "model.model.norm":
-        params = {"weight": [HIDDEN]}
-        inputs = [[tokens, HIDDEN], [tokens, HIDDEN]]
+        params = {"weight": [hidden]}
+        inputs = [[tokens, hidden], [tokens, hidden]]
     elif module in ("model", "model.model"):
         inputs = [[tokens], [tokens]]
     elif module == "model.logits_processor":
-        inputs = [[tokens], [tokens, HIDDEN]]
+        inputs = [[tokens], [tokens, hidden]]
     else:
-        inputs = [[tokens] + w if w else [tokens] for w in _INPUT_WIDTH.get(rel, [[HIDDEN]])]
+        inputs = [[tokens] + w if w else [tokens] for w in input_width.get(rel, [[hidden]])]
     return repr({"Module": module, "TrainableParams": params, "Inputs": inputs})
 
 
@@ -546,7 +726,7 @@ def module_chain(module: str) -> tuple[str, ...]:
 # --------------------------------------------------------------------------------------------
 # Schedules
 # --------------------------------------------------------------------------------------------
-GROUPS = ("attention", "indexer", "moe", "deepep", "dense_mlp", "outside", "fault")
+GROUPS = ("attention", "indexer", "moe", "deepep", "dense_mlp", "outside", "fault", "dp_comm", "mtp")
 
 
 @dataclass(frozen=True)
@@ -575,6 +755,12 @@ class Schedule:
     kernels: tuple[KernelSpec, ...]  # the forward pass: what goes in the decode graph
     sampling: KernelSpec  # launched eagerly after the forward pass
     faults: frozenset[str] = field(default_factory=frozenset)
+    num_layers: int = NUM_LAYERS  # decoder layers of the model (layer_counts' length)
+    topology: str = DEFAULT_TOPOLOGY
+    # MTP: indices of `kernels` where the second, third ... graph of the step begins (empty:
+    # one graph), and the graph after whose replay the sampling kernel runs (None: the last)
+    graph_starts: tuple[int, ...] = ()
+    sampling_after_graph: int | None = None
 
     def __len__(self) -> int:
         return len(self.kernels)
@@ -593,7 +779,7 @@ class Schedule:
     def layer_counts(self) -> list[int]:
         """Kernels launched in each decoder layer (index = layer; sampling is outside)."""
         c = Counter(k.layer for k in self.kernels if k.layer is not None)
-        return [c[layer] for layer in range(NUM_LAYERS)]
+        return [c[layer] for layer in range(self.num_layers)]
 
     def split_index(self, layer: int = SPLIT_GRAPH_LAYER) -> int:
         """Index of the first kernel of `layer` (where a split graph starts its second part)."""
@@ -633,80 +819,109 @@ class _Builder:
 
 
 def _build(kind: str, batch: int, faults: frozenset[str], alt_streams: bool,
-           deepgemm_layout: str) -> Schedule:
+           deepgemm_layout: str, topology: str = DEFAULT_TOPOLOGY) -> Schedule:
+    """One forward pass of the target model of `topology` (GLM-5.3 TP8 by default)."""
+    topo = get_topology(topology)
     b = _Builder(kind, batch, faults, alt_streams)
-    G = deepgemm_kernels(deepgemm_layout)  # noqa: N806 - the GEMM kernels, by schedule key
+    K = topology_kernels(topo.name, deepgemm_layout)  # noqa: N806 - the kernels, by schedule key
     decode = kind == "decode"
-    b.add("embed", EMBEDDING, "embedding", "outside", "model.model.embed_tokens", None)
-    for L in range(NUM_LAYERS):
-        p = layer_prefix(L)
-        a = f"{p}.self_attn"
-        if L == 0:
-            b.add("input_norm", RMSNORM, "input_norm", "attention", f"{p}.input_layernorm", L)
-        else:
-            b.add("input_norm", FUSED_ADD_RMSNORM, "input_norm", "attention",
-                  f"{p}.input_layernorm", L)
-        b.add("qkv_a", G["gemm_qkv_a"], "qkv_a_proj", "attention",
-              f"{a}.fused_qkv_a_proj_with_mqa", L)
-        b.add("q_a_norm", RMSNORM, "q_a_norm", "attention", f"{a}.q_a_layernorm", L)
-        b.add("kv_a_norm", RMSNORM, "kv_a_norm", "attention", f"{a}.kv_a_layernorm", L,
-              stream="alt", deps=("qkv_a",))
-        if L in FULL_INDEXER_LAYERS:
-            ix = f"{a}.indexer"
-            b.add("ix_wq_b", G["gemm_indexer_wq_b"], "indexer.wq_b", "indexer", f"{ix}.wq_b", L,
-                  "alt", deps=("q_a_norm",))
-            b.add("ix_wk", INDEXER_WK_GEMM, "indexer.wk_weights_proj", "indexer", f"{ix}.wk", L,
-                  "alt")
-            b.add("ix_k_norm", LAYERNORM, "indexer.k_norm", "indexer", f"{ix}.k_norm", L, "alt")
-            b.add("ix_act_quant", ACT_QUANT, "indexer.act_quant", "indexer", ix, L, "alt")
-            b.add("ix_store", STORE_INDEXER_CACHE, "indexer.store_cache", "indexer", ix, L, "alt")
-            if decode:
-                if "chunked_indexer" in faults:
-                    chunk = b.cost(PAGED_MQA_LOGITS) // 3 + 700
-                    for c in range(3):
-                        b.add(f"ix_logits{c}", PAGED_MQA_LOGITS, "indexer.logits", "indexer", ix,
-                              L, "alt", dur_ns=chunk)
-                else:
-                    b.add("ix_logits", PAGED_MQA_LOGITS, "indexer.logits", "indexer", ix, L, "alt")
-                b.add("ix_topk", TOPK_DECODE, "indexer.topk", "indexer", ix, L, "alt")
-            else:
-                b.add("ix_logits", MQA_LOGITS_PREFILL, "indexer.logits", "indexer", ix, L, "alt")
-                b.add("ix_topk", TOPK_PREFILL, "indexer.topk", "indexer", ix, L, "alt")
-        b.add("q_b", G["gemm_q_b"], "q_b_proj", "attention", f"{a}.q_b_proj", L,
-              deps=("kv_a_norm",))
-        b.add("rope", ROPE, "rope", "attention", f"{a}.rotary_emb", L)
-        b.add("q_absorb", Q_ABSORB_BMM, "q_absorb", "attention", a, L)
-        b.add("kv_write", KV_WRITE, "kv_write", "attention", f"{a}.attn_mqa", L)
+    b.add("embed", K["embedding"], "embedding", "outside", "model.model.embed_tokens", None)
+    for L in range(topo.num_layers):
+        _decoder_layer(b, K, topo, L, layer_prefix(L), decode, faults)
+    b.add("final_norm", FUSED_ADD_RMSNORM, "final_norm", "outside", "model.model.norm", None)
+    b.add("lm_head", K["gemm_lm_head"], "lm_head", "outside", "model.logits_processor", None)
+    sampling = KernelSpec(SAMPLING, "sampling", "outside", "", None, "main", b.cost(SAMPLING))
+    tokens = batch if decode else batch * PREFILL_TOKENS_PER_REQ
+    return Schedule(kind, batch, tokens, tuple(b.specs), sampling, faults,
+                    num_layers=topo.num_layers, topology=topo.name)
+
+
+def _decoder_layer(b: _Builder, K: dict[str, KernelType], topo: Topology, L: int | None,  # noqa: N803
+                   p: str, decode: bool, faults: frozenset[str]) -> None:
+    """The launches of one DeepseekV2DecoderLayer (`L` None: the MTP layer, a MoE layer with
+    its indexer and no residual yet) under module prefix `p`."""
+    G = K  # noqa: N806 - the DeepGEMM kernels share the key space
+    a = f"{p}.self_attn"
+    mtp_layer = L is None
+    if L == 0 or mtp_layer:
+        b.add("input_norm", RMSNORM, "input_norm", "attention", f"{p}.input_layernorm", L)
+    else:
+        b.add("input_norm", FUSED_ADD_RMSNORM, "input_norm", "attention",
+              f"{p}.input_layernorm", L)
+    b.add("qkv_a", G["gemm_qkv_a"], "qkv_a_proj", "attention",
+          f"{a}.fused_qkv_a_proj_with_mqa", L)
+    b.add("q_a_norm", RMSNORM, "q_a_norm", "attention", f"{a}.q_a_layernorm", L)
+    b.add("kv_a_norm", RMSNORM, "kv_a_norm", "attention", f"{a}.kv_a_layernorm", L,
+          stream="alt", deps=("qkv_a",))
+    # the MTP layer always builds its indexer (the seed: `if not self.skip_topk or is_nextn`)
+    if mtp_layer or L in topo.full_indexer_layers:
+        ix = f"{a}.indexer"
+        b.add("ix_wq_b", G["gemm_indexer_wq_b"], "indexer.wq_b", "indexer", f"{ix}.wq_b", L,
+              "alt", deps=("q_a_norm",))
+        b.add("ix_wk", K["gemm_indexer_wk_weights"], "indexer.wk_weights_proj", "indexer",
+              f"{ix}.wk", L, "alt")
+        b.add("ix_k_norm", LAYERNORM, "indexer.k_norm", "indexer", f"{ix}.k_norm", L, "alt")
+        b.add("ix_act_quant", ACT_QUANT, "indexer.act_quant", "indexer", ix, L, "alt")
+        b.add("ix_store", STORE_INDEXER_CACHE, "indexer.store_cache", "indexer", ix, L, "alt")
+        logits = K["paged_mqa_logits"]
         if decode:
-            b.add("sparse_mla", SPARSE_MLA_DECODE, "sparse_mla", "attention", f"{a}.attn_mqa", L,
-                  deps=("ix_topk",))
-            b.add("mla_combine", MLA_COMBINE, "sparse_mla.combine", "attention", f"{a}.attn_mqa", L)
+            if "chunked_indexer" in faults:
+                chunk = b.cost(logits) // 3 + 700
+                for c in range(3):
+                    b.add(f"ix_logits{c}", logits, "indexer.logits", "indexer", ix,
+                          L, "alt", dur_ns=chunk)
+            else:
+                b.add("ix_logits", logits, "indexer.logits", "indexer", ix, L, "alt")
+            b.add("ix_topk", TOPK_DECODE, "indexer.topk", "indexer", ix, L, "alt")
         else:
-            # prefill: one sparse attention kernel, no split-KV combine
-            b.add("sparse_mla", SPARSE_ATTN_PREFILL, "sparse_mla", "attention", f"{a}.attn_mqa",
-                  L, deps=("ix_topk",))
-        b.add("o_absorb", O_ABSORB_BMM, "o_absorb", "attention", a, L)
-        if L == FAULT_LAYER and "layer_fault" in faults:
-            b.add("stray", STRAY_COPY, "layer_fault.copy", "fault", a, L)
-        b.add("o_proj", G["gemm_o_proj"], "o_proj", "attention", f"{a}.o_proj", L)
+            b.add("ix_logits", MQA_LOGITS_PREFILL, "indexer.logits", "indexer", ix, L, "alt")
+            b.add("ix_topk", TOPK_PREFILL, "indexer.topk", "indexer", ix, L, "alt")
+    b.add("q_b", G["gemm_q_b"], "q_b_proj", "attention", f"{a}.q_b_proj", L,
+          deps=("kv_a_norm",))
+    b.add("rope", ROPE, "rope", "attention", f"{a}.rotary_emb", L)
+    b.add("q_absorb", K["bmm_q_absorb"], "q_absorb", "attention", a, L)
+    b.add("kv_write", KV_WRITE, "kv_write", "attention", f"{a}.attn_mqa", L)
+    if decode:
+        b.add("sparse_mla", SPARSE_MLA_DECODE, "sparse_mla", "attention", f"{a}.attn_mqa", L,
+              deps=("ix_topk",))
+        b.add("mla_combine", MLA_COMBINE, "sparse_mla.combine", "attention", f"{a}.attn_mqa", L)
+    else:
+        # prefill: one sparse attention kernel, no split-KV combine
+        b.add("sparse_mla", SPARSE_ATTN_PREFILL, "sparse_mla", "attention", f"{a}.attn_mqa",
+              L, deps=("ix_topk",))
+    b.add("o_absorb", K["bmm_o_absorb"], "o_absorb", "attention", a, L)
+    if L == FAULT_LAYER and "layer_fault" in faults:
+        b.add("stray", STRAY_COPY, "layer_fault.copy", "fault", a, L)
+    b.add("o_proj", G["gemm_o_proj"], "o_proj", "attention", f"{a}.o_proj", L)
+    if not topo.dp_attention:
+        # TP8: o_proj is row parallel and sums its partial outputs over the attention TP group.
+        # DP attention (attn_tp 1): the whole o_proj is local, nothing to reduce.
         b.add("allreduce", ALLREDUCE, "attn_allreduce", "attention", f"{a}.o_proj", L)
-        b.add("post_norm", FUSED_ADD_RMSNORM, "post_attn_norm", "attention",
-              f"{p}.post_attention_layernorm", L)
-        m = f"{p}.mlp"
-        if L in DENSE_LAYERS:
-            b.add("mlp_gate_up", G["gemm_dense_gate_up"], "mlp.gate_up", "dense_mlp",
-                  f"{m}.gate_up_proj", L)
-            b.add("mlp_act", ACT_AND_MUL, "mlp.act", "dense_mlp", f"{m}.act_fn", L)
-            b.add("mlp_down", G["gemm_dense_down"], "mlp.down", "dense_mlp", f"{m}.down_proj", L)
-            continue
-        b.add("router", ROUTER_GEMM, "moe.router", "moe", f"{m}.gate", L)
+    b.add("post_norm", FUSED_ADD_RMSNORM, "post_attn_norm", "attention",
+          f"{p}.post_attention_layernorm", L)
+    ffn_input = "post_norm"
+    if topo.dp_attention:
+        # the seed: the FFN runs on the global batch, so every layer gathers the DP ranks'
+        # tokens first (dp_gather, an AllGather) and hands each rank its rows back after
+        # (a ReduceScatter). SGLang's LayerCommunicator does this in the decoder layer's own
+        # forward, so no sub-module range encloses them.
+        b.add("dp_gather", DP_GATHER, "dp_gather", "dp_comm", p, L)
+        ffn_input = "dp_gather"
+    m = f"{p}.mlp"
+    if not mtp_layer and L in topo.dense_layers:
+        b.add("mlp_gate_up", G["gemm_dense_gate_up"], "mlp.gate_up", "dense_mlp",
+              f"{m}.gate_up_proj", L)
+        b.add("mlp_act", ACT_AND_MUL, "mlp.act", "dense_mlp", f"{m}.act_fn", L)
+        b.add("mlp_down", G["gemm_dense_down"], "mlp.down", "dense_mlp", f"{m}.down_proj", L)
+    else:
+        b.add("router", K["gemm_router"], "moe.router", "moe", f"{m}.gate", L)
         b.add("topk", MOE_TOPK, "moe.topk", "moe", f"{m}.topk", L)
         b.add("quant", GROUP_QUANT, "moe.quant", "moe", f"{m}.experts", L)
         if decode:
-            b.add("dispatch", DEEPEP_DISPATCH, "deepep.dispatch", "deepep", f"{m}.experts", L)
+            b.add("dispatch", K["deepep_dispatch"], "deepep.dispatch", "deepep", f"{m}.experts", L)
             b.add("gate_up", G["gemm_moe_gate_up_masked"], "moe.gate_up", "moe", f"{m}.experts", L)
             b.add("down", G["gemm_moe_down_masked"], "moe.down", "moe", f"{m}.experts", L)
-            b.add("combine", DEEPEP_COMBINE, "deepep.combine", "deepep", f"{m}.experts", L)
+            b.add("combine", K["deepep_combine"], "deepep.combine", "deepep", f"{m}.experts", L)
         else:
             b.add("dispatch", DEEPEP_DISPATCH_NORMAL, "deepep.dispatch", "deepep", f"{m}.experts",
                   L)
@@ -715,38 +930,120 @@ def _build(kind: str, batch: int, faults: frozenset[str], alt_streams: bool,
             b.add("combine", DEEPEP_COMBINE_NORMAL, "deepep.combine", "deepep", f"{m}.experts", L)
         # shared expert on the alt stream, issued after the routed branch
         b.add("shared_gate_up", G["gemm_shared_gate_up"], "moe.shared_gate_up", "moe",
-              f"{m}.shared_experts.gate_up_proj", L, "alt", deps=("post_norm",))
+              f"{m}.shared_experts.gate_up_proj", L, "alt", deps=(ffn_input,))
         b.add("shared_down", G["gemm_shared_down"], "moe.shared_down", "moe",
               f"{m}.shared_experts.down_proj", L, "alt")
         b.add("sum_reduce", MOE_SUM_REDUCE, "moe.scale_shared_add", "moe", m, L,
               deps=("shared_down",))
-    b.add("final_norm", FUSED_ADD_RMSNORM, "final_norm", "outside", "model.model.norm", None)
-    b.add("lm_head", LM_HEAD_GEMM, "lm_head", "outside", "model.logits_processor", None)
-    sampling = KernelSpec(SAMPLING, "sampling", "outside", "", None, "main", b.cost(SAMPLING))
-    tokens = batch if decode else batch * PREFILL_TOKENS_PER_REQ
-    return Schedule(kind, batch, tokens, tuple(b.specs), sampling, faults)
+    if topo.dp_attention:
+        b.add("dp_reduce_scatter", DP_REDUCE_SCATTER, "dp_reduce_scatter", "dp_comm", p, L)
 
 
 SCHEDULE_FAULTS = frozenset({"broken_fusion", "chunked_indexer", "layer_fault"})
+# MTP only: the draft stage's graph is never replayed (its kernels are missing from every step)
+MTP_FAULTS = frozenset({"missing_draft_replay"})
+# the MTP layer's module path in SGLang's draft model (DeepseekModelNextN: embed_tokens, enorm,
+# hnorm, eh_proj, decoder, shared_head.norm) and the verify width: one draft token per request
+MTP_PREFIX = "model.model"
+MTP_TOKENS_PER_REQ = 2  # --speculative-num-steps 1 --speculative-eagle-topk 1 --speculative-num-draft-tokens 2
+
+
+def _mtp_layer_pass(kind: str, batch: int, faults: frozenset[str], alt_streams: bool,
+                    deepgemm_layout: str, topo: Topology) -> list[KernelSpec]:
+    """The MTP layer's forward (SGLang DeepseekModelNextN): embedding, enorm + hnorm of the
+    token and the target's hidden state, their concatenation through eh_proj, one decoder
+    layer (MoE with its indexer), shared_head.norm and the LM head; decode adds the draft's
+    softmax + top-1 (fast_topk with topk 1 is a max reduction)."""
+    b = _Builder(kind, batch, faults, alt_streams)
+    K = topology_kernels(topo.name, deepgemm_layout)  # noqa: N806
+    b.add("mtp_embed", K["embedding"], "mtp.embedding", "mtp", f"{MTP_PREFIX}.embed_tokens", None)
+    b.add("mtp_enorm", RMSNORM, "mtp.enorm", "mtp", f"{MTP_PREFIX}.enorm", None)
+    b.add("mtp_hnorm", RMSNORM, "mtp.hnorm", "mtp", f"{MTP_PREFIX}.hnorm", None)
+    b.add("mtp_cat", MTP_CAT, "mtp.cat", "mtp", MTP_PREFIX, None)
+    b.add("mtp_eh_proj", MTP_EH_PROJ, "mtp.eh_proj", "mtp", f"{MTP_PREFIX}.eh_proj", None)
+    _decoder_layer(b, K, topo, None, f"{MTP_PREFIX}.decoder", kind == "decode", faults)
+    b.add("mtp_head_norm", FUSED_ADD_RMSNORM, "mtp.shared_head_norm", "mtp",
+          f"{MTP_PREFIX}.shared_head.norm", None)
+    b.add("mtp_lm_head", K["gemm_lm_head"], "mtp.lm_head", "mtp", "model.logits_processor", None)
+    if kind == "decode":
+        b.add("mtp_softmax", SOFTMAX, "mtp.draft_probs", "mtp", "", None)
+        b.add("mtp_top1", ARGMAX, "mtp.draft_top1", "mtp", "", None)
+    return b.specs
+
+
+def _shifted(specs, offset: int) -> list[KernelSpec]:
+    return [replace(k, deps=tuple(d + offset for d in k.deps)) for k in specs]
+
+
+def _build_mtp_decode(batch: int, faults: frozenset[str], alt_streams: bool,
+                      deepgemm_layout: str, topo: Topology) -> Schedule:
+    """One MTP decode step: the three graphs the EAGLE worker replays, in order, as one kernel
+    list whose `graph_starts` say where the verify and draft_extend graphs begin.
+
+    draft         (one speculative step, top-1) the draft token of the previous draft_extend
+                  becomes the verify input: tree positions and its KV slots, 2 kernels
+    verify        the target model over 2 tokens per request (the draft + the next), 2001 kernels
+    (sampling)    the verification of the draft against the target's logits, eager, after the
+                  verify replay: the step's marker kernel
+    draft_extend  the MTP layer over the accepted tokens, 40 kernels: the next draft token
+    The seed's row "MTP 草稿层与索引器 约 20" is the MTP layer's attention (14) and indexer (7);
+    its MoE (8), DeepEP (2), input/head plumbing (9) and the draft graph (2) come on top."""
+    verify_batch = batch * MTP_TOKENS_PER_REQ
+    verify = _build("decode", verify_batch, faults, alt_streams, deepgemm_layout, topo.name)
+    draft = _Builder("decode", batch, faults, alt_streams)
+    draft.add("build_tree", DRAFT_BUILD_TREE, "mtp.draft_tree", "mtp", "", None)
+    draft.add("cache_locs", DRAFT_CACHE_LOCS, "mtp.draft_cache_locs", "mtp", "", None)
+    extend = _mtp_layer_pass("decode", verify_batch, faults, alt_streams, deepgemm_layout, topo)
+    parts = [] if "missing_draft_replay" in faults else [draft.specs]
+    parts += [list(verify.kernels), extend]
+    kernels: list[KernelSpec] = []
+    starts = []
+    for part in parts:
+        if kernels:
+            starts.append(len(kernels))
+        kernels += _shifted(part, len(kernels))
+    sampling = KernelSpec(VERIFY_SAMPLING, "sampling", "outside", "", None, "main",
+                          decode_cost_ns(VERIFY_SAMPLING.key, batch))
+    return Schedule("decode", batch, verify_batch, tuple(kernels), sampling, faults,
+                    num_layers=topo.num_layers, topology=topo.name, graph_starts=tuple(starts),
+                    sampling_after_graph=len(parts) - 2)
 
 
 def decode_schedule(batch: int = 32, faults: frozenset[str] | set[str] | tuple = (),
                     *, alt_streams: bool = True,
-                    deepgemm_layout: str = DEFAULT_DEEPGEMM_LAYOUT) -> Schedule:
+                    deepgemm_layout: str = DEFAULT_DEEPGEMM_LAYOUT,
+                    topology: str = DEFAULT_TOPOLOGY) -> Schedule:
     """The decode forward pass (what the decode CUDA graph holds) plus the eager sampling kernel.
 
     alt_streams=False puts everything on the main stream (SGLang forks to the alt stream only
     in capture mode, so eager decode runs single-stream). deepgemm_layout: how the DeepGEMM
-    kernels are named (one of synth.deepgemm.DEEPGEMM_LAYOUTS)."""
+    kernels are named (one of synth.deepgemm.DEEPGEMM_LAYOUTS). topology: one of
+    synth.topologies.TOPOLOGIES; with MTP the pass is three graphs (`Schedule.graph_starts`)."""
+    topo = get_topology(topology)
+    if topo.mtp:
+        return _build_mtp_decode(batch, frozenset(faults) & (SCHEDULE_FAULTS | MTP_FAULTS),
+                                 alt_streams, deepgemm_layout, topo)
     return _build("decode", batch, frozenset(faults) & SCHEDULE_FAULTS, alt_streams,
-                  deepgemm_layout)
+                  deepgemm_layout, topology)
 
 
 def prefill_schedule(batch: int = 32, faults: frozenset[str] | set[str] | tuple = (),
-                     *, deepgemm_layout: str = DEFAULT_DEEPGEMM_LAYOUT) -> Schedule:
+                     *, deepgemm_layout: str = DEFAULT_DEEPGEMM_LAYOUT,
+                     topology: str = DEFAULT_TOPOLOGY) -> Schedule:
     """The eager prefill pass: sparse_attn_fwd_kernel instead of the split-KV decode kernel,
     non-paged indexer logits, DeepEP normal mode, contiguous grouped GEMMs; single stream."""
-    return _build("prefill", batch, frozenset(faults) & SCHEDULE_FAULTS, False, deepgemm_layout)
+    return _build("prefill", batch, frozenset(faults) & SCHEDULE_FAULTS, False, deepgemm_layout,
+                  topology)
+
+
+def mtp_prefill_extend(batch: int = 32, faults: frozenset[str] | set[str] | tuple = (),
+                       *, deepgemm_layout: str = DEFAULT_DEEPGEMM_LAYOUT,
+                       topology: str = DEFAULT_TOPOLOGY) -> tuple[KernelSpec, ...]:
+    """MTP: the draft model's eager extend over the prompt, after the prefill's sampling (its
+    prefill attention kernel marks the window it lands in as not a decode step)."""
+    topo = get_topology(topology)
+    return tuple(_mtp_layer_pass("prefill", batch, frozenset(faults) & SCHEDULE_FAULTS, False,
+                                 deepgemm_layout, topo))
 
 
 def with_durations(s: Schedule, scale: float) -> Schedule:
