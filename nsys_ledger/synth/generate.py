@@ -64,6 +64,7 @@ import numpy as np
 
 from nsys_ledger.synth import schedule as S
 from nsys_ledger.synth.nsys_schema import ERA_2026_2, SchemaEra
+from nsys_ledger.synth.kineto_writer import KinetoTraceExport
 from nsys_ledger.synth.nsys_sqlite import CaptureFacts, NsysSqliteExport
 from nsys_ledger.synth.schema_eras import era_for_version
 from nsys_ledger.synth.topologies import DEFAULT_TOPOLOGY, get_topology
@@ -893,7 +894,7 @@ def generate(out_path: str | Path, *, mode: str = "graph", steps: int = 8, ranks
              capture_batch_sizes: tuple[int, ...] | None = None,
              clone_links: int = 1,
              deepgemm_layout: str = S.DEFAULT_DEEPGEMM_LAYOUT,
-             topology: str = DEFAULT_TOPOLOGY) -> GenerateSummary:
+             topology: str = DEFAULT_TOPOLOGY, format: str = "sqlite") -> GenerateSummary:
     """Write one synthetic nsys export of SGLang GLM-5.3 decode and return the truth about it.
 
     topology: the deployment simulated, one of synth.topologies.TOPOLOGIES: "glm-5.3-tp8-ep8"
@@ -911,7 +912,9 @@ def generate(out_path: str | Path, *, mode: str = "graph", steps: int = 8, ranks
     (must include `batch`, the one decode replays). clone_links (graph mode): clone links from
     each exec node back to the node created at capture (instantiation may clone several times).
     deepgemm_layout: the DeepGEMM build whose kernel names the trace carries, one of
-    synth.deepgemm.DEEPGEMM_LAYOUTS ("2025-02", "2025-07", "sglang-2026" (default), "b200")."""
+    synth.deepgemm.DEEPGEMM_LAYOUTS ("2025-02", "2025-07", "sglang-2026" (default), "b200").
+    format: "sqlite" (an nsys export, default) or "kineto" (the PyTorch profiler's gzip JSON of
+    the same timeline: synth/kineto_writer.py; one rank, node-level kernels, no nsys layout)."""
     t_begin = time.perf_counter()
     sizes = tuple(sorted(set(capture_batch_sizes or (batch,)), reverse=True))
     if batch not in sizes:
@@ -945,8 +948,16 @@ def generate(out_path: str | Path, *, mode: str = "graph", steps: int = 8, ranks
     if slow_rank is not None and not 0 <= slow_rank < ranks:
         raise ValueError("slow_rank must name one of the ranks")
     S.check_layout(deepgemm_layout)
+    if format not in ("sqlite", "kineto"):
+        raise ValueError(f"format must be 'sqlite' or 'kineto', not {format!r}")
+    if format == "kineto" and (ranks != 1 or cuda_graph_trace != "node" or nsys_version):
+        # the profiler writes one file per rank and every replayed kernel; nsys layouts are nsys's
+        raise ValueError("format='kineto' writes one rank with node-level kernels and no nsys_version")
     out_path = Path(out_path)
-    export = NsysSqliteExport(out_path, era, seed=seed, graph_level=cuda_graph_trace == "graph")
+    if format == "kineto":
+        export = KinetoTraceExport(out_path, seed=seed)
+    else:
+        export = NsysSqliteExport(out_path, era, seed=seed, graph_level=cuda_graph_trace == "graph")
     cfg = _Config(mode, steps, ranks, batch, seed, frozenset(faults), step_nvtx, prefill,
                   cuda_graph_trace, slow_rank, slow_factor, layerwise_nvtx, era.driver_launches,
                   capture_batch_sizes=sizes, clone_links=clone_links,
@@ -1019,7 +1030,7 @@ def generate(out_path: str | Path, *, mode: str = "graph", steps: int = 8, ranks
         step_outside_layer_kernels=len(sched.kernels) + 1 - sum(sched.layer_counts()),
         captured_batch_sizes=sizes if mode == "graph" else (),
         clone_links=clone_links if mode == "graph" else 0,
-        deepgemm_layout=deepgemm_layout, schema_era=era.name,
+        deepgemm_layout=deepgemm_layout, schema_era=era.name if format == "sqlite" else format,
         step_entry_gaps_ns=tuple(t.entry_gap_ns for t in truth_steps
                                  if t.entry_gap_ns is not None),
         topology=topo.name)
