@@ -3,7 +3,7 @@
     python -m nsys_ledger.synth.samples sample_traces/
 
 Each file is a small (4 decode steps, < 5 MB) synthetic nsys 2026.2 export of SGLang GLM-5.3
-decode; `manifest.json` next to them records the generator's truth for each file (kernels per
+decode (or, named by its `topology`, GLM-5.3 with DP attention or MTP, or DeepSeek-V3.2); `manifest.json` next to them records the generator's truth for each file (kernels per
 step, per-name counts, injected gaps, H2D copies per step, ...).
 """
 
@@ -46,6 +46,18 @@ SAMPLES: dict[str, dict] = {
     "glm5-graph-multi-capture.sqlite": {"capture_batch_sizes": (8, 16, 32), "clone_links": 2},
     # ... and an eager trace without any layer-wise NVTX range: layers must be inferred
     "glm5-eager-no-nvtx.sqlite": {"mode": "eager", "layerwise_nvtx": False},
+    # other deployments (synth/topologies.py), each healthy and with one fault its ledger in
+    # expectations/ must name: DP attention with the norm + quant fusion broken, ...
+    "glm5-dp8-graph-healthy.sqlite": {"topology": "glm-5.3-dp8-ep8"},
+    "glm5-dp8-graph-broken-fusion.sqlite": {"topology": "glm-5.3-dp8-ep8",
+                                            "faults": ("broken_fusion",)},
+    # ... MTP with the draft graph never replayed (2 graph launches per step instead of 3), ...
+    "glm5-mtp-graph-healthy.sqlite": {"topology": "glm-5.3-tp8-ep8-mtp"},
+    "glm5-mtp-graph-missing-draft.sqlite": {"topology": "glm-5.3-tp8-ep8-mtp",
+                                            "faults": ("missing_draft_replay",)},
+    # ... and DeepSeek-V3.2 with one extra kernel in layer 41
+    "dsv32-graph-healthy.sqlite": {"topology": "deepseek-v3.2-tp8-ep8"},
+    "dsv32-graph-layer41.sqlite": {"topology": "deepseek-v3.2-tp8-ep8", "faults": ("layer_fault",)},
 }
 
 
