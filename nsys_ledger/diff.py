@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from nsys_ledger.api import Result
+from nsys_ledger.attribution.layers import CAPTURE_NVTX, INFERRED, REPLAY_NVTX
 from nsys_ledger.checks.ledger import compact_ranges
 
 NO_CAUSE = "unattributed"  # gaps of a result without gap causes
@@ -94,6 +95,9 @@ class TraceDiff:
     resolved_findings: tuple[str, ...]  # ... in BEFORE only
     rank_step_time: pl.DataFrame | None  # rank, before_ms, after_ms (median), with several ranks
     reasons: tuple[str, ...] = field(default=())  # why AFTER is worse (empty: it is not)
+    # how each trace found its decode kernels' layers ("nvtx", "inferred", None without layers);
+    # layer groups gate only when both found them the same way (see _layer_changes)
+    layer_sources: tuple[str | None, str | None] = (None, None)
 
     @property
     def worse(self) -> bool:
@@ -127,6 +131,7 @@ def diff_results(before: Result, after: Result, rule: WorseningRule | None = Non
         layer_changes=layer_changes, new_kernels=_kernel_names_only_in(after, before),
         vanished_kernels=_kernel_names_only_in(before, after), gap_causes=gap_causes, new_findings=new_findings,
         resolved_findings=resolved, rank_step_time=_rank_step_time(before, after), reasons=tuple(reasons),
+        layer_sources=(layer_source(before), layer_source(after)),
     )
 
 
@@ -205,10 +210,29 @@ def layer_group_medians(result: Result) -> pl.DataFrame | None:
     return counts.group_by("layer", "group").agg(pl.col("count").median().alias("count")).sort("layer", "group")
 
 
+def layer_source(result: Result) -> str | None:
+    """How most decode kernels of `result` got their layer: "nvtx" (layer-wise ranges, at replay
+    or at graph capture), "inferred" (from the kernel sequence), None when none got one."""
+    layers = getattr(result, "layers", None)
+    if layers is None or not hasattr(layers, "kernels_by_how"):
+        return None
+    by_how = layers.kernels_by_how()
+    by_source = {"nvtx": by_how.get(REPLAY_NVTX, 0) + by_how.get(CAPTURE_NVTX, 0),
+                 "inferred": by_how.get(INFERRED, 0)}
+    source, kernels = max(by_source.items(), key=lambda item: item[1])
+    return source if kernels else None
+
+
 def _layer_changes(before: Result, after: Result, rule: WorseningRule) -> tuple[FigureChange, ...] | None:
     b, a = layer_group_medians(before), layer_group_medians(after)
     if b is None or a is None:
         return None
+    # Layers read from NVTX module paths and layers inferred from the kernel sequence may put a
+    # kernel in different groups (a kernel under the indexer module is indexer work by its path,
+    # attention by its op when inferred), as between an nsys export with capture-time NVTX and a
+    # PyTorch profiler trace of graph replays: the changes are listed, but gate only when both
+    # traces found their layers the same way.
+    comparable = layer_source(before) == layer_source(after)
     changed = b.join(a, on=["layer", "group"], how="full", coalesce=True, suffix="_after").with_columns(
         pl.col("count").fill_null(0), pl.col("count_after").fill_null(0)
     ).filter(pl.col("count") != pl.col("count_after"))
@@ -219,7 +243,8 @@ def _layer_changes(before: Result, after: Result, rule: WorseningRule) -> tuple[
     return tuple(
         FigureChange(f"{'layer' if len(layers) == 1 else 'layers'} {compact_ranges(layers)} {group}", "layer",
                      float(cb), float(ca),
-                     "new launches per step" if _rose(cb, ca, rule.extra_launches_per_step) else None)
+                     "new launches per step" if comparable and _rose(cb, ca, rule.extra_launches_per_step)
+                     else None)
         for group, cb, ca, layers in runs.iter_rows()
     )
 

@@ -43,6 +43,10 @@ def render_diff(diff: TraceDiff) -> str:
     if diff.layer_changes is None:
         lines.append("  layers not attributed in both traces")
     else:
+        before_source, after_source = diff.layer_sources
+        if before_source != after_source:
+            lines.append(f"  layers found by {before_source} in BEFORE, {after_source} in AFTER: "
+                         "changes listed, not judged")
         lines += _change_rows(diff.layer_changes, always=False) or ["  no layer group changed"]
     lines += ["", click.style("kernel names", bold=True)]
     lines += _name_rows("new in AFTER", diff.new_kernels) + _name_rows("vanished from BEFORE", diff.vanished_kernels)
