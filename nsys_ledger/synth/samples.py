@@ -46,6 +46,13 @@ SAMPLES: dict[str, dict] = {
     "glm5-graph-multi-capture.sqlite": {"capture_batch_sizes": (8, 16, 32), "clone_links": 2},
     # ... and an eager trace without any layer-wise NVTX range: layers must be inferred
     "glm5-eager-no-nvtx.sqlite": {"mode": "eager", "layerwise_nvtx": False},
+    # PyTorch profiler (Kineto) twins of four samples above: the same timeline (same kwargs and
+    # seed), as SGLang's torch profile of the serving loop (synth/kineto_writer.py); checked
+    # against their SQLite twins in tests/test_kineto_twins.py
+    "glm5-graph-healthy.trace.json.gz": {"mode": "graph", "format": "kineto"},
+    "glm5-eager-healthy.trace.json.gz": {"mode": "eager", "step_nvtx": True, "format": "kineto"},
+    "glm5-graph-broken-fusion.trace.json.gz": {"faults": ("broken_fusion",), "format": "kineto"},
+    "glm5-graph-extra-h2d.trace.json.gz": {"faults": ("extra_h2d",), "format": "kineto"},
     # other deployments (synth/topologies.py), each healthy and with one fault its ledger in
     # expectations/ must name: DP attention with the norm + quant fusion broken, ...
     "glm5-dp8-graph-healthy.sqlite": {"topology": "glm-5.3-dp8-ep8"},
