@@ -407,15 +407,23 @@ def learn(traces, out, base, tolerance, named_params, from_steps, step_nvtx, ste
               help="Name the DeepGEMM kernels as this build did: 2025-02 fp8_gemm_kernel<N, K, ...>, 2025-07 "
                    "sm90_fp8_gemm_1d2d_impl<0, N, K, ...>, sglang-2026 the SGLang fork's <(cute::UMMA::Major)0, "
                    "0, N, K, ...>, b200 sm100_fp8_fp4_gemm_1d1d_impl (dense GEMMs without their shape).")
+@click.option("--topology", type=click.Choice(["glm-5.3-tp8-ep8", "glm-5.3-dp8-ep8", "glm-5.3-tp8-ep8-mtp",
+                                               "deepseek-v3.2-tp8-ep8"]),
+              default="glm-5.3-tp8-ep8", show_default=True,
+              help="The deployment: GLM-5.3 TP8, GLM-5.3 with DP attention (--attn-dp-size 8), GLM-5.3 with "
+                   "MTP (draft, verify, draft_extend graphs; graph mode; fault missing_draft_replay), or "
+                   "DeepSeek-V3.2 TP8. Each has its ledger in expectations/.")
 def synth(out, mode, steps, ranks, batch, seed, faults, step_nvtx, nsys_version, layerwise_nvtx, capture_batches,
-          clone_links, out_format, deepgemm_layout) -> None:
+          clone_links, out_format, deepgemm_layout, topology) -> None:
     """Write a synthetic nsys export of GLM-5.3 decode to OUT (SQLite, or a Parquet/Arrow directory)."""
     from nsys_ledger.synth import FAULTS, generate
+    from nsys_ledger.synth.generate import TOPOLOGY_FAULTS
     from nsys_ledger.synth.schema_eras import era_for_version
 
-    unknown = [f for f in faults if f not in FAULTS]
+    known = FAULTS + TOPOLOGY_FAULTS
+    unknown = [f for f in faults if f not in known]
     if unknown:
-        raise click.BadParameter(f"unknown fault(s) {', '.join(unknown)}; known: {', '.join(FAULTS)}")
+        raise click.BadParameter(f"unknown fault(s) {', '.join(unknown)}; known: {', '.join(known)}")
     try:
         era_for_version(nsys_version)
     except ValueError as error:
@@ -429,10 +437,13 @@ def synth(out, mode, steps, ranks, batch, seed, faults, step_nvtx, nsys_version,
     scratch = tempfile.TemporaryDirectory(prefix="nsys-ledger-synth-") if columnar else contextlib.nullcontext()
     with scratch as tmp:
         target = os.path.join(tmp, "export.sqlite") if columnar else out
-        summary = generate(target, mode=mode, steps=steps, ranks=ranks, batch=batch, seed=seed, faults=tuple(faults),
-                           step_nvtx=step_nvtx, nsys_version=nsys_version, layerwise_nvtx=layerwise_nvtx,
-                           capture_batch_sizes=(batch, *capture_batches), clone_links=clone_links,
-                           deepgemm_layout=deepgemm_layout)
+        try:
+            summary = generate(target, mode=mode, steps=steps, ranks=ranks, batch=batch, seed=seed,
+                               faults=tuple(faults), step_nvtx=step_nvtx, nsys_version=nsys_version,
+                               layerwise_nvtx=layerwise_nvtx, capture_batch_sizes=(batch, *capture_batches),
+                               clone_links=clone_links, deepgemm_layout=deepgemm_layout, topology=topology)
+        except ValueError as error:  # a combination the generator does not simulate
+            raise click.UsageError(str(error)) from None
         if columnar:
             from nsys_ledger.synth.parquet_writer import write_columnar
 

@@ -243,7 +243,8 @@ class GenerateSummary:
             lo, hi = min(self.step_entry_gaps_ns), max(self.step_entry_gaps_ns)
             entry = f", step-entry launch gap {lo / 1000:.1f}-{hi / 1000:.1f} us"
         faults = ", ".join(self.faults) if self.faults else "none"
-        return (f"{self.mode} mode, {self.steps} decode steps{ranks}, {per_step}"
+        deployment = "" if self.topology == DEFAULT_TOPOLOGY else f"{self.topology}, "
+        return (f"{deployment}{self.mode} mode, {self.steps} decode steps{ranks}, {per_step}"
                 f"{entry}, faults: {faults}, DeepGEMM layout {self.deepgemm_layout}, "
                 f"{self.schema_era} export")
 
