@@ -399,9 +399,11 @@ def learn(traces, out, base, tolerance, named_params, from_steps, step_nvtx, ste
                    "replays the --batch one).")
 @click.option("--clone-links", type=click.IntRange(1), default=1, show_default=True,
               help="Graph mode: clone links from each exec graph node back to its capture node.")
-@click.option("--format", "out_format", type=click.Choice(["sqlite", "parquetdir", "arrowdir"]), default="sqlite",
-              show_default=True, help="sqlite: one file; parquetdir / arrowdir: a directory with one file per "
-                                      "table, as `nsys export --type parquetdir` / `arrowdir` writes.")
+@click.option("--format", "out_format", type=click.Choice(["sqlite", "parquetdir", "arrowdir", "kineto"]),
+              default="sqlite", show_default=True,
+              help="sqlite: one file; parquetdir / arrowdir: a directory with one file per table, as `nsys "
+                   "export --type parquetdir` / `arrowdir` writes; kineto: the PyTorch profiler's gzip JSON "
+                   "(OUT.trace.json.gz) of the same run, as SGLang's torch profile writes it (one rank).")
 @click.option("--deepgemm-layout", type=click.Choice(["2025-02", "2025-07", "sglang-2026", "b200"]),
               default="sglang-2026", show_default=True,
               help="Name the DeepGEMM kernels as this build did: 2025-02 fp8_gemm_kernel<N, K, ...>, 2025-07 "
@@ -415,7 +417,8 @@ def learn(traces, out, base, tolerance, named_params, from_steps, step_nvtx, ste
                    "DeepSeek-V3.2 TP8. Each has its ledger in expectations/.")
 def synth(out, mode, steps, ranks, batch, seed, faults, step_nvtx, nsys_version, layerwise_nvtx, capture_batches,
           clone_links, out_format, deepgemm_layout, topology) -> None:
-    """Write a synthetic nsys export of GLM-5.3 decode to OUT (SQLite, or a Parquet/Arrow directory)."""
+    """Write a synthetic nsys export of GLM-5.3 decode to OUT (SQLite, or a Parquet/Arrow directory),
+    or its PyTorch profiler (Kineto) trace."""
     from nsys_ledger.synth import FAULTS, generate
     from nsys_ledger.synth.generate import TOPOLOGY_FAULTS
     from nsys_ledger.synth.schema_eras import era_for_version
@@ -428,7 +431,7 @@ def synth(out, mode, steps, ranks, batch, seed, faults, step_nvtx, nsys_version,
         era_for_version(nsys_version)
     except ValueError as error:
         raise click.BadParameter(str(error), param_hint="--nsys-version") from None
-    columnar = out_format != "sqlite"
+    columnar = out_format in ("parquetdir", "arrowdir")
     if columnar:
         _empty_directory(out)
     else:
@@ -439,9 +442,12 @@ def synth(out, mode, steps, ranks, batch, seed, faults, step_nvtx, nsys_version,
         target = os.path.join(tmp, "export.sqlite") if columnar else out
         try:
             summary = generate(target, mode=mode, steps=steps, ranks=ranks, batch=batch, seed=seed,
-                               faults=tuple(faults), step_nvtx=step_nvtx, nsys_version=nsys_version,
+                               faults=tuple(faults), step_nvtx=step_nvtx,
+                               # a Kineto trace has no nsys export layout
+                               nsys_version=None if out_format == "kineto" else nsys_version,
                                layerwise_nvtx=layerwise_nvtx, capture_batch_sizes=(batch, *capture_batches),
-                               clone_links=clone_links, deepgemm_layout=deepgemm_layout, topology=topology)
+                               clone_links=clone_links, deepgemm_layout=deepgemm_layout, topology=topology,
+                               format="kineto" if out_format == "kineto" else "sqlite")
         except ValueError as error:  # a combination the generator does not simulate
             raise click.UsageError(str(error)) from None
         if columnar:

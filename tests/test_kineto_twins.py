@@ -230,7 +230,20 @@ def test_the_writer_is_deterministic_and_checks_its_arguments(tmp_path):
     assert first.read_bytes() == second.read_bytes()
     assert summary.schema_era == "kineto" and summary.describe().endswith("kineto export")
     assert summary.rows["kernel"] == 1924 + 2002
-    with pytest.raises(ValueError, match="one rank"):
+    with pytest.raises(ValueError, match="one rank.s profile"):
         generate(tmp_path / "r.trace.json.gz", steps=1, ranks=2, format="kineto")
     with pytest.raises(ValueError, match="format must be"):
         generate(tmp_path / "x.json", steps=1, format="chrome")
+
+
+def test_cli_synth_writes_a_kineto_trace_that_check_reads(tmp_path):
+    out = tmp_path / "decode.trace.json.gz"
+    run = CliRunner().invoke(main, ["synth", str(out), "--format", "kineto", "--steps", "2", "--fault", "extra_h2d"])
+    assert run.exit_code == 0, run.output
+    assert run.output.endswith("faults: extra_h2d, DeepGEMM layout sglang-2026, kineto export\n")
+    result = nsys_ledger.check(out, GLM)
+    assert result.verdict == "fail" and _findings(result) == {("h2d", "h2d", "4", "3")}
+    assert result.step_table["kernels"].to_list() == [2002, 2002]
+    refused = CliRunner().invoke(main, ["synth", str(tmp_path / "two.trace.json.gz"), "--format", "kineto",
+                                        "--ranks", "2"])
+    assert refused.exit_code == 2 and "one rank's profile (ranks=1)" in refused.output

@@ -953,7 +953,8 @@ def generate(out_path: str | Path, *, mode: str = "graph", steps: int = 8, ranks
         raise ValueError(f"format must be 'sqlite' or 'kineto', not {format!r}")
     if format == "kineto" and (ranks != 1 or cuda_graph_trace != "node" or nsys_version):
         # the profiler writes one file per rank and every replayed kernel; nsys layouts are nsys's
-        raise ValueError("format='kineto' writes one rank with node-level kernels and no nsys_version")
+        raise ValueError("format='kineto' writes one rank's profile (ranks=1) with every replayed kernel "
+                         "(cuda_graph_trace='node') and no nsys layout (nsys_version=None)")
     out_path = Path(out_path)
     if format == "kineto":
         export = KinetoTraceExport(out_path, seed=seed)
