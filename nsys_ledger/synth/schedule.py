@@ -28,6 +28,14 @@ Per decode pass (batch 32), healthy:
 Layer 0 has no residual yet, so its input norm is a plain RMSNormKernel (as in SGLang); the
 final norm `model.model.norm` is a fused add + RMSNorm. FusedAddRMSNormKernel still counts
 156 per pass (77 input norms + 78 post-attention norms + the final norm).
+
+Other deployments (synth/topologies.py, `topology=`) run the same DeepseekV2 layer code
+(`_decoder_layer`) at their own shapes and layouts, per decode step:
+  glm-5.3-dp8-ep8        2080: no attention AllReduce (-78), an AllGather before and a
+                         ReduceScatter after every layer's FFN (+156, the seed's figure)
+  glm-5.3-tp8-ep8-mtp    2044 in three graphs: draft 2, verify 2001 (the target over 2 tokens
+                         per request), draft_extend 40 (the MTP layer), and the eager verification
+  deepseek-v3.2-tp8-ep8  1874: 61 layers (3 dense), the indexer on all 61
 """
 
 from __future__ import annotations
@@ -840,7 +848,6 @@ def _decoder_layer(b: _Builder, K: dict[str, KernelType], topo: Topology, L: int
                    p: str, decode: bool, faults: frozenset[str]) -> None:
     """The launches of one DeepseekV2DecoderLayer (`L` None: the MTP layer, a MoE layer with
     its indexer and no residual yet) under module prefix `p`."""
-    G = K  # noqa: N806 - the DeepGEMM kernels share the key space
     a = f"{p}.self_attn"
     mtp_layer = L is None
     if L == 0 or mtp_layer:
@@ -848,7 +855,7 @@ def _decoder_layer(b: _Builder, K: dict[str, KernelType], topo: Topology, L: int
     else:
         b.add("input_norm", FUSED_ADD_RMSNORM, "input_norm", "attention",
               f"{p}.input_layernorm", L)
-    b.add("qkv_a", G["gemm_qkv_a"], "qkv_a_proj", "attention",
+    b.add("qkv_a", K["gemm_qkv_a"], "qkv_a_proj", "attention",
           f"{a}.fused_qkv_a_proj_with_mqa", L)
     b.add("q_a_norm", RMSNORM, "q_a_norm", "attention", f"{a}.q_a_layernorm", L)
     b.add("kv_a_norm", RMSNORM, "kv_a_norm", "attention", f"{a}.kv_a_layernorm", L,
@@ -856,7 +863,7 @@ def _decoder_layer(b: _Builder, K: dict[str, KernelType], topo: Topology, L: int
     # the MTP layer always builds its indexer (the seed: `if not self.skip_topk or is_nextn`)
     if mtp_layer or L in topo.full_indexer_layers:
         ix = f"{a}.indexer"
-        b.add("ix_wq_b", G["gemm_indexer_wq_b"], "indexer.wq_b", "indexer", f"{ix}.wq_b", L,
+        b.add("ix_wq_b", K["gemm_indexer_wq_b"], "indexer.wq_b", "indexer", f"{ix}.wq_b", L,
               "alt", deps=("q_a_norm",))
         b.add("ix_wk", K["gemm_indexer_wk_weights"], "indexer.wk_weights_proj", "indexer",
               f"{ix}.wk", L, "alt")
@@ -876,7 +883,7 @@ def _decoder_layer(b: _Builder, K: dict[str, KernelType], topo: Topology, L: int
         else:
             b.add("ix_logits", MQA_LOGITS_PREFILL, "indexer.logits", "indexer", ix, L, "alt")
             b.add("ix_topk", TOPK_PREFILL, "indexer.topk", "indexer", ix, L, "alt")
-    b.add("q_b", G["gemm_q_b"], "q_b_proj", "attention", f"{a}.q_b_proj", L,
+    b.add("q_b", K["gemm_q_b"], "q_b_proj", "attention", f"{a}.q_b_proj", L,
           deps=("kv_a_norm",))
     b.add("rope", ROPE, "rope", "attention", f"{a}.rotary_emb", L)
     b.add("q_absorb", K["bmm_q_absorb"], "q_absorb", "attention", a, L)
@@ -892,7 +899,7 @@ def _decoder_layer(b: _Builder, K: dict[str, KernelType], topo: Topology, L: int
     b.add("o_absorb", K["bmm_o_absorb"], "o_absorb", "attention", a, L)
     if L == FAULT_LAYER and "layer_fault" in faults:
         b.add("stray", STRAY_COPY, "layer_fault.copy", "fault", a, L)
-    b.add("o_proj", G["gemm_o_proj"], "o_proj", "attention", f"{a}.o_proj", L)
+    b.add("o_proj", K["gemm_o_proj"], "o_proj", "attention", f"{a}.o_proj", L)
     if not topo.dp_attention:
         # TP8: o_proj is row parallel and sums its partial outputs over the attention TP group.
         # DP attention (attn_tp 1): the whole o_proj is local, nothing to reduce.
@@ -909,29 +916,29 @@ def _decoder_layer(b: _Builder, K: dict[str, KernelType], topo: Topology, L: int
         ffn_input = "dp_gather"
     m = f"{p}.mlp"
     if not mtp_layer and L in topo.dense_layers:
-        b.add("mlp_gate_up", G["gemm_dense_gate_up"], "mlp.gate_up", "dense_mlp",
+        b.add("mlp_gate_up", K["gemm_dense_gate_up"], "mlp.gate_up", "dense_mlp",
               f"{m}.gate_up_proj", L)
         b.add("mlp_act", ACT_AND_MUL, "mlp.act", "dense_mlp", f"{m}.act_fn", L)
-        b.add("mlp_down", G["gemm_dense_down"], "mlp.down", "dense_mlp", f"{m}.down_proj", L)
+        b.add("mlp_down", K["gemm_dense_down"], "mlp.down", "dense_mlp", f"{m}.down_proj", L)
     else:
         b.add("router", K["gemm_router"], "moe.router", "moe", f"{m}.gate", L)
         b.add("topk", MOE_TOPK, "moe.topk", "moe", f"{m}.topk", L)
         b.add("quant", GROUP_QUANT, "moe.quant", "moe", f"{m}.experts", L)
         if decode:
             b.add("dispatch", K["deepep_dispatch"], "deepep.dispatch", "deepep", f"{m}.experts", L)
-            b.add("gate_up", G["gemm_moe_gate_up_masked"], "moe.gate_up", "moe", f"{m}.experts", L)
-            b.add("down", G["gemm_moe_down_masked"], "moe.down", "moe", f"{m}.experts", L)
+            b.add("gate_up", K["gemm_moe_gate_up_masked"], "moe.gate_up", "moe", f"{m}.experts", L)
+            b.add("down", K["gemm_moe_down_masked"], "moe.down", "moe", f"{m}.experts", L)
             b.add("combine", K["deepep_combine"], "deepep.combine", "deepep", f"{m}.experts", L)
         else:
             b.add("dispatch", DEEPEP_DISPATCH_NORMAL, "deepep.dispatch", "deepep", f"{m}.experts",
                   L)
-            b.add("gate_up", G["gemm_moe_gate_up_contig"], "moe.gate_up", "moe", f"{m}.experts", L)
-            b.add("down", G["gemm_moe_down_contig"], "moe.down", "moe", f"{m}.experts", L)
+            b.add("gate_up", K["gemm_moe_gate_up_contig"], "moe.gate_up", "moe", f"{m}.experts", L)
+            b.add("down", K["gemm_moe_down_contig"], "moe.down", "moe", f"{m}.experts", L)
             b.add("combine", DEEPEP_COMBINE_NORMAL, "deepep.combine", "deepep", f"{m}.experts", L)
         # shared expert on the alt stream, issued after the routed branch
-        b.add("shared_gate_up", G["gemm_shared_gate_up"], "moe.shared_gate_up", "moe",
+        b.add("shared_gate_up", K["gemm_shared_gate_up"], "moe.shared_gate_up", "moe",
               f"{m}.shared_experts.gate_up_proj", L, "alt", deps=(ffn_input,))
-        b.add("shared_down", G["gemm_shared_down"], "moe.shared_down", "moe",
+        b.add("shared_down", K["gemm_shared_down"], "moe.shared_down", "moe",
               f"{m}.shared_experts.down_proj", L, "alt")
         b.add("sum_reduce", MOE_SUM_REDUCE, "moe.scale_shared_add", "moe", m, L,
               deps=("shared_down",))
