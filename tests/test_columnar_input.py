@@ -232,18 +232,23 @@ def test_a_bad_directory_is_one_line_and_exit_2(name, tmp_path, converted):
 # --------------------------------------------------------------------------------------
 
 
-def _fake_nsys(bin_dir: Path, parquet_source: Path, log: Path, *, parquet: bool = True) -> None:
+def _fake_nsys(bin_dir: Path, parquet_source: Path, log: Path, *, parquet: bool = True,
+               tables: bool = True) -> None:
     """A stand-in for nsys: `export --type parquetdir ... --output DIR` copies a converted
     export's table files to DIR (or fails, like an nsys older than 2024.6, when `parquet` is
-    False); `--type sqlite` copies the SQLite sample. Every call is logged."""
+    False, or when given --tables and `tables` is False); `--type sqlite` copies the SQLite
+    sample. Every call is logged."""
     bin_dir.mkdir(exist_ok=True)
     script = bin_dir / "nsys"
     fail_parquet = "" if parquet else 'echo "unknown export type parquetdir" >&2; exit 1'
+    fail_tables = "" if tables else 'if [ -n "$listed" ]; then echo "unknown option --tables" >&2; exit 1; fi'
     script.write_text(
         "#!/bin/sh\n"
         f'echo "$@" >> "{log}"\n'
-        'while [ "$#" -gt 0 ]; do case "$1" in --type) kind="$2";; --output) out="$2";; esac; shift; done\n'
-        f'if [ "$kind" = parquetdir ]; then {fail_parquet or ":"}; mkdir -p "$out"; '
+        'listed=""\n'
+        'while [ "$#" -gt 0 ]; do case "$1" in --type) kind="$2";; --output) out="$2";; --tables) listed=1;; esac; '
+        'shift; done\n'
+        f'if [ "$kind" = parquetdir ]; then {fail_parquet or ":"}; {fail_tables or ":"}; mkdir -p "$out"; '
         f'cp "{parquet_source}"/*.parquet "$out"/; exit 0; fi\n'
         f'cp "{HEALTHY}" "$out"\n'
     )
@@ -291,10 +296,24 @@ def test_an_nsys_without_parquetdir_falls_back_to_sqlite(tmp_path, monkeypatch, 
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
     trace = load_trace(report)
     assert trace.kernels.equals(load_trace(HEALTHY).kernels)
-    assert [c.split()[:3] for c in _calls(log)] == [["export", "--type", "parquetdir"], ["export", "--type", "sqlite"]]
+    assert [c.split()[:4] for c in _calls(log)] == [
+        ["export", "--type", "parquetdir", "--tables"], ["export", "--type", "parquetdir", "--output"],
+        ["export", "--type", "sqlite", "--output"]]
     assert (cache_dir_for(report) / "export.sqlite").is_file()
     load_trace(report)
-    assert len(_calls(log)) == 2
+    assert len(_calls(log)) == 3
+
+
+def test_an_nsys_that_refuses_the_table_list_exports_every_table(tmp_path, monkeypatch, converted):
+    report = tmp_path / "decode.nsys-rep"
+    report.write_bytes(b"\x00NSYS-REPORT\xff" * 64)
+    log = tmp_path / "calls.log"
+    _fake_nsys(tmp_path / "bin", converted(HEALTHY, "parquetdir"), log, tables=False)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    assert load_trace(report).kernels.height == 11_933
+    assert [c.split()[:4] for c in _calls(log)] == [
+        ["export", "--type", "parquetdir", "--tables"], ["export", "--type", "parquetdir", "--output"]]
+    assert (cache_dir_for(report) / "parquet" / "StringIds.parquet").is_file()
 
 
 def test_cli_no_cache_leaves_no_cache(tmp_path, converted):

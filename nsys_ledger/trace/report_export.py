@@ -2,8 +2,9 @@
 
 With `nsys` on PATH, a report is exported with `--type parquetdir --tables <the tables the
 reader uses>` (nsys 2024.6 and later): only those tables, one Parquet file each, which the
-columnar reader scans lazily. An nsys that cannot write parquetdir (or `--tables`) fails or
-writes something else; the report is then exported as SQLite, as before.
+columnar reader scans lazily. An nsys that refuses the table list is asked for all tables;
+one that cannot write parquetdir fails or writes something else, and the report is then
+exported as SQLite, as before.
 
 The export is kept in a cache directory beside the report (`decode.nsys-rep` ->
 `decode.nsys-rep.nsys-ledger-cache/`), with a stamp of the report's size and modification
@@ -84,13 +85,14 @@ def _export_into_cache(nsys: str, report: Path, shown: str, cached: Path, stamp:
 
 
 def _export(nsys: str, report: Path, shown: str, into: Path) -> None:
-    """Export `report` into the directory `into`: Parquet tables if this nsys can, else SQLite."""
+    """Export `report` into the directory `into`: Parquet tables if this nsys can (only the
+    tables we read; all of them if it refuses the table list), else SQLite."""
     parquet = into / _PARQUET
-    proc = _run(shown, [nsys, "export", "--type", "parquetdir", "--tables", ",".join(TRACE_TABLES),
-                        "--output", str(parquet), str(report)])
-    if proc.returncode == 0 and is_table_directory(parquet):
-        return
-    _remove(parquet)
+    for tables in (["--tables", ",".join(TRACE_TABLES)], []):
+        proc = _run(shown, [nsys, "export", "--type", "parquetdir", *tables, "--output", str(parquet), str(report)])
+        if proc.returncode == 0 and is_table_directory(parquet):
+            return
+        _remove(parquet)
     sqlite = into / _SQLITE
     proc = _run(shown, [nsys, "export", "--type", "sqlite", "--output", str(sqlite), str(report)])
     if proc.returncode != 0 or not sqlite.is_file():
