@@ -24,7 +24,9 @@ real traces in shared/real_traces/kineto/ (CUPTI, libkineto):
 * `with_modules` module ranges (python_function `nn.Module: DeepseekV2DecoderLayer_12`) for
   every forward pass the host runs module by module (eager decode, prefill): SGLang's own
   layer-wise NVTX text never reaches a torch trace; a CUDA-graph replay runs no module code,
-  so replayed decode steps have no module range at all;
+  so replayed decode steps have no module range at all (the ranges follow the timeline's
+  layer-wise module ranges: with `layerwise_nvtx=False` the trace has none, as a profile taken
+  without `with_modules`);
 * `deviceProperties` (eight H200s: the TP8 node), `distributedInfo` (rank, world size 8),
   process and thread names.
 
@@ -140,10 +142,9 @@ class KinetoTraceExport:
     """One Kineto trace being written from the records of a synthetic timeline: the same
     interface as NsysSqliteExport (`write_rank` after each pass, `finish` once)."""
 
-    def __init__(self, path: str | Path, *, seed: int, with_modules: bool = True):
+    def __init__(self, path: str | Path, *, seed: int):
         self.path = Path(path)
         self.seed = seed
-        self.with_modules = with_modules
         self.host: list[dict] = []  # user_annotation, cpu_op, python_function
         self.gpu: list[dict] = []  # kernel, gpu_memcpy, gpu_user_annotation, ac2g ends
         self.calls: list[dict] = []  # cuda_runtime, cuda_driver, ac2g starts
@@ -159,7 +160,8 @@ class KinetoTraceExport:
 
     @property
     def rows_written(self) -> dict[str, int]:
-        """Events written per category (`ac2g` flows and metadata included)."""
+        """Events written per category (`ac2g` flows included; process and thread names and
+        the profiler's own span events, written by `finish`, are not)."""
         counts = Counter(e.get("cat", "metadata") for part in (self.host, self.gpu, self.calls)
                          for e in part)
         return dict(sorted(counts.items()))
@@ -187,8 +189,7 @@ class KinetoTraceExport:
         copy_ids = self._copy_ops(rs, calls, served)
         self._api_calls(rs, calls, copy_ids, {op.corr for op in ops})
         self._gpu_ops(rs, ops, copy_ids)
-        if self.with_modules:
-            self._module_ranges(pid, ranges)
+        self._module_ranges(pid, ranges)
         for p in served:
             self._iteration_ranges(rs, p, calls, ranges)
         self.last_time[rs.rank] = max([c[1] for c in calls] + [r[1] for r in ranges]
@@ -201,8 +202,7 @@ class KinetoTraceExport:
         hold the start-up calls (eager mode), all of which come earlier."""
         first_corr = min(op.corr for op in first.ops)
         launch = min(c[0] for c in rs.api_calls if c[3] == first_corr)
-        return min([launch] + [r[0] for r in rs.nvtx if r[0] < launch and r[1] > launch]
-                   + [r[0] for r in rs.nvtx if r[0] >= launch])
+        return min([launch] + [r[0] for r in rs.nvtx if r[0] <= launch <= r[1]])
 
     def _copy_ops(self, rs, calls: list[tuple], served: list) -> dict[int, int]:
         """`aten::copy_` around each H2D cudaMemcpyAsync (torch `Tensor.copy_` / `.to(device,
@@ -337,7 +337,8 @@ class KinetoTraceExport:
             inner = f"step[DECODE bs={bs}]"
         gpu_start = min(op.start for op in p.ops)
         gpu_end = max(op.end for op in p.ops)
-        main_stream = min(p.copies[0].stream if p.copies else p.ops[0].stream, p.ops[0].stream)
+        # drawn on the stream of the iteration's first GPU work, as the profiler does
+        main_stream = min(p.ops, key=lambda op: op.start).stream
         for name, lead, trail in ((outer, 1_800, 900), (inner, 1_100, 500)):
             ext = self._next_external_id()
             self.host.append({
@@ -402,7 +403,9 @@ class KinetoTraceExport:
             "deviceProperties": [{"id": d, **H200} for d in range(NODE_GPUS)],
             "cupti_version": 26, "cuda_runtime_version": 12080, "cuda_driver_version": 12080,
             "distributedInfo": {"backend": "nccl", "rank": rank, "world_size": NODE_GPUS},
-            "record_shapes": 1, "with_modules": 1 if self.with_modules else 0,
+            "record_shapes": 1,
+            # module ranges come from the timeline's layer-wise ranges: none without them
+            **({"with_modules": 1} if self.module_ids else {}),
             "trace_id": f"{self.seed:016X}{rank:016X}",
             "displayTimeUnit": "ms", "baseTimeNanoseconds": BASE_TIME_NS,
         }
