@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from nsys_ledger.synth.parquet_writer import write_columnar
+
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "sample_traces"
 HEALTHY = SAMPLES / "glm5-graph-healthy.sqlite"
@@ -185,6 +187,18 @@ def _catalog(tmp: Path) -> dict[str, Case]:
     trace_case("nsys-rep-export-fails", damaged_report, "nsys export failed (exit 3)",
                env={"PATH": str(failing_bin)})
 
+    # -- nsys export --type parquetdir / arrowdir directories (converted from the sample)
+    no_kernels = tmp / "no-kernels.parquetdir"
+    write_columnar(HEALTHY, no_kernels, "parquetdir")
+    (no_kernels / "CUPTI_ACTIVITY_KIND_KERNEL.parquet").unlink()
+    trace_case("parquetdir-no-kernel-table", no_kernels, "no CUDA kernels: was the capture made with -t cuda?")
+    cut_table = tmp / "cut-table.arrowdir"
+    write_columnar(HEALTHY, cut_table, "arrowdir")
+    kernel_file = cut_table / "CUPTI_ACTIVITY_KIND_KERNEL.arrow"
+    kernel_file.write_bytes(kernel_file.read_bytes()[:4096])
+    trace_case("arrowdir-truncated-table", cut_table,
+               "corrupt or unreadable arrow file CUPTI_ACTIVITY_KIND_KERNEL.arrow")
+
     # -- damaged SQLite: an interrupted copy or export
     data = HEALTHY.read_bytes()
     for label, size in (("100", 100), ("4096", 4096), ("half", len(data) // 2),
@@ -331,7 +345,7 @@ ERROR_CASES = [
     "missing-path", "directory", "empty-file", "text-file", "gzip", "newline-in-file-name",
     "nsys-rep-without-nsys", "nsys-rep-export-fails",
     "truncated-100", "truncated-4096", "truncated-half", "truncated-last-page", "truncated-minus-1",
-    "damaged-schema-not-utf8",
+    "damaged-schema-not-utf8", "parquetdir-no-kernel-table", "arrowdir-truncated-table",
     "sqlite-not-nsys", "no-kernel-table", "null-timestamps", "null-device-and-process",
     "inverted-timestamps",
     "locked-database",
