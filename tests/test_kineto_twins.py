@@ -115,15 +115,15 @@ def test_graph_twins_infer_the_layers_that_the_sqlite_samples_read_from_capture_
         assert Counter((f.check, f.subject, f.observed) for f in sqlite.findings)[("layer", "ffn", "10")] == 1
 
 
-def test_the_eager_twin_finds_layers_from_its_module_ranges_only_with_the_default_regex(results):
-    """The twin's module ranges are `nn.Module: DeepseekV2DecoderLayer_N` (torch's with_modules);
-    the GLM ledger's layer regex names SGLang's NVTX text, so with it the layers are inferred."""
+def test_the_eager_twin_finds_layers_from_its_module_ranges(results):
+    """The twin's module ranges are `nn.Module: DeepseekV2DecoderLayer_N` (torch's with_modules):
+    the default layer regex and the GLM ledger's both read them."""
     events = _events("glm5-eager-healthy.trace.json.gz")
     layers = [e["name"] for e in events if e.get("cat") == "python_function"
               and e["name"].startswith("nn.Module: DeepseekV2DecoderLayer_")]
     assert len(layers) == 78 * 5  # the prefill and 4 decode steps, each through all 78 layers
     assert Counter(layers)["nn.Module: DeepseekV2DecoderLayer_12"] == 5
-    assert layer_source(results("glm5-eager-healthy.trace.json.gz")) == "inferred"
+    assert layer_source(results("glm5-eager-healthy.trace.json.gz")) == "nvtx"
     assert layer_source(results("glm5-eager-healthy.sqlite")) == "nvtx"
     no_ledger = nsys_ledger.check(SAMPLES / "glm5-eager-healthy.trace.json.gz")
     assert layer_source(no_ledger) == "nvtx"

@@ -73,7 +73,7 @@ def test_glm_round_trip(tmp_path):
         "  'all_reduce_(?:one|two)_shot\\w*_kernel',",
         'expected = "2 * layers"',
         'max_bytes = "1024 * 1024"',
-        "regex = '''(?:'Module': 'model\\.model\\.layers\\.|\\blayers[._]|\\blayer_)(\\d+)'''",
+        "regex = '''(?:'Module': 'model\\.model\\.layers\\.|\\blayers[._]|\\blayer_|nn\\.Module: \\w*DecoderLayer_)(\\d+)'''",
         'layers = { first = "dense_layers", last = "layers - 1" }',
         'layers = "0-2, 6-74/4"',
         'count = "full_indexer_layers"',
