@@ -213,10 +213,9 @@ def layer_group_medians(result: Result) -> pl.DataFrame | None:
 def layer_source(result: Result) -> str | None:
     """How most decode kernels of `result` got their layer: "nvtx" (layer-wise ranges, at replay
     or at graph capture), "inferred" (from the kernel sequence), None when none got one."""
-    layers = getattr(result, "layers", None)
-    if layers is None or not hasattr(layers, "kernels_by_how"):
+    if result.layers is None:
         return None
-    by_how = layers.kernels_by_how()
+    by_how = result.layers.kernels_by_how()
     by_source = {"nvtx": by_how.get(REPLAY_NVTX, 0) + by_how.get(CAPTURE_NVTX, 0),
                  "inferred": by_how.get(INFERRED, 0)}
     source, kernels = max(by_source.items(), key=lambda item: item[1])
