@@ -381,3 +381,29 @@ def test_names_resolve_the_same_when_string_ids_are_sparse(tmp_path, converted):
     sparse = load_trace(directory)
     for kind in FRAME_SCHEMAS:
         assert getattr(sparse, kind).equals(getattr(reference, kind)), kind
+
+
+def test_other_physical_types_read_into_the_same_trace(tmp_path, converted):
+    """Another writer may narrow integers (int32, uint32) or dictionary-encode text and use
+    large strings; the Trace is the same."""
+    directory = tmp_path / "export"
+    shutil.copytree(converted(HEALTHY, "parquetdir"), directory)
+    narrowed = {
+        "StringIds": {"id": pa.int32(), "value": pa.dictionary(pa.int32(), pa.large_string())},
+        "CUPTI_ACTIVITY_KIND_KERNEL": {"deviceId": pa.uint32(), "streamId": pa.int32(),
+                                       "correlationId": pa.uint32(), "shortName": pa.int32()},
+        "CUPTI_ACTIVITY_KIND_RUNTIME": {"correlationId": pa.uint32(), "eventClass": pa.uint8()},
+        "NVTX_EVENTS": {"eventType": pa.uint16(), "text": pa.large_string()},
+    }
+    for table, types in narrowed.items():
+        file = directory / f"{table}.parquet"
+        data = pq.read_table(file)
+        for column, dtype in types.items():
+            index = data.schema.get_field_index(column)
+            data = data.set_column(index, column, data.column(index).cast(dtype))
+        pq.write_table(data, file)
+    assert pq.read_schema(directory / "StringIds.parquet").field("id").type == pa.int32()
+    reference = load_trace(HEALTHY)
+    narrow = load_trace(directory)
+    for kind in FRAME_SCHEMAS:
+        assert getattr(narrow, kind).equals(getattr(reference, kind)), kind
