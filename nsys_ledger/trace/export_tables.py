@@ -375,8 +375,8 @@ class ExportReader:
         self.check_activity_rows(raw, t, "kernel")
         if raw.height == 0:
             self.warnings.append("the kernel table is empty")
-        # name: the demangled name, else the short one. Chosen by id and looked up once: a
-        # coalesce of two text columns built a third one (+0.9 GB at 10M kernels).
+        # name: the demangled name, else the short one. Chosen by id and then looked up once,
+        # rather than coalescing two looked-up text columns into a third one.
         demangled = self.resolve(raw.select("demangled_id"), "demangled_id", "_demangled")["_demangled"]
         name_id = pl.when(demangled.is_not_null()).then(pl.col("demangled_id")).otherwise(pl.col("short_id"))
         df = raw.with_columns(name_id.alias("_name_id"), _pid("global_pid").alias("pid"))
