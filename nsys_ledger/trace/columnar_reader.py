@@ -25,7 +25,7 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 from nsys_ledger.errors import TraceError
-from nsys_ledger.trace.export_tables import ExportReader, RowFilter
+from nsys_ledger.trace.export_tables import ExportReader, RowFilter, contiguous
 from nsys_ledger.trace.model import Trace
 
 __all__ = ["TABLE_SUFFIXES", "is_table_directory", "load_columnar"]
@@ -163,7 +163,7 @@ class _ColumnarTables:
             lazy = self._scan(table, needed)
             if keep is not None:
                 lazy = lazy.filter(pl.col(keep.column).is_in(list(keep.values)))
-            frame = lazy.select(exprs).collect()
+            frame = contiguous(lazy.select(exprs).collect())
         except (pl.exceptions.InvalidOperationError, pl.exceptions.SchemaError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise TraceError(self.shown, f"unexpected data in table {table}: {first[:200]}") from exc

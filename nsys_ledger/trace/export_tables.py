@@ -23,7 +23,7 @@ import polars as pl
 from nsys_ledger.errors import TraceError
 from nsys_ledger.trace.model import FRAME_SCHEMAS, Trace, TraceMeta, empty_frame
 
-__all__ = ["ExportReader", "RowFilter", "TableSource", "TRACE_TABLES"]
+__all__ = ["ExportReader", "RowFilter", "TableSource", "TRACE_TABLES", "contiguous"]
 
 I64 = pl.Int64
 TESTED_SCHEMA_MAJOR = 3
@@ -129,6 +129,21 @@ def _label(col: str, labels: Mapping[int, str]) -> pl.Expr:
         labels, default=pl.format("kind {}", pl.col(col)), return_dtype=STR
     )
 
+
+def contiguous(frame: pl.DataFrame) -> pl.DataFrame:
+    """`frame` with one chunk per column. A table comes back in a chunk per Parquet row group
+    or per million rows fetched from SQLite, and the first polars query that meets those next
+    to the single-chunk columns added later (the kernel names) rechunks the whole frame at once
+    (10M kernels: 0.4 s, +0.7 GB at the peak). Column by column, only one column is ever held
+    twice."""
+    if all(frame[name].n_chunks() == 1 for name in frame.columns):
+        return frame
+    columns = [frame.get_column(name) for name in frame.columns]
+    del frame
+    for index, column in enumerate(columns):
+        columns[index] = column.rechunk()
+        del column
+    return pl.DataFrame(columns)
 
 # The largest id a dense StringIds index may have, over its number of strings: each slot costs
 # 16 bytes, so sparse ids (hand-made files) join instead.

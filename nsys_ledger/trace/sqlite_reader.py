@@ -27,7 +27,7 @@ import polars as pl
 
 from nsys_ledger.errors import TraceError
 from nsys_ledger.trace.arrow_fetch import ArrowSource
-from nsys_ledger.trace.export_tables import ExportReader, RowFilter
+from nsys_ledger.trace.export_tables import ExportReader, RowFilter, contiguous
 from nsys_ledger.trace.model import Trace
 
 __all__ = ["load_sqlite", "SQLITE_MAGIC", "sniff_format"]
@@ -257,7 +257,7 @@ class _SqliteTables:
         schema = dict(schema)
         fast = self.arrow.frame(sql, schema) if self.arrow is not None else None
         if fast is not None:
-            return fast
+            return contiguous(fast)
         try:
             parts = self._decoding(table, lambda: self._run(sql, schema))
         except (pl.exceptions.PolarsError, TypeError, ValueError, OverflowError) as exc:
