@@ -19,7 +19,7 @@ from nsys_ledger.errors import ExpectationsError
 from nsys_ledger.ledger.formula import FormulaError, Number, evaluate
 from nsys_ledger.ledger.model import Range
 
-NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")  # op, group and class names
+NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*\Z")  # op, group and class names
 RANGE_TEXT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*-\s*(\d+(?:\.\d+)?)\s*$")  # "7-9"
 _HEADER = re.compile(r"^\s*\[\[?\s*([^\]]+?)\s*\]\]?\s*(?:#.*)?$")
 # Constructs Python's re accepts and polars' Rust regex does not.

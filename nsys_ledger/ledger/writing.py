@@ -25,8 +25,8 @@ from nsys_ledger.ledger.formula import Number
 from nsys_ledger.ledger.model import Range
 from nsys_ledger.ledger.reading import LedgerReader
 
-_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
-_PLAIN_DECIMAL = re.compile(r"^\d+(?:\.\d+)?$")  # what the reader's "a-b" range form accepts
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")  # fullmatch: `$` would let a trailing newline through
+_PLAIN_DECIMAL = re.compile(r"\d+(?:\.\d+)?")  # what the reader's "a-b" range form accepts
 _BASIC_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
 WIDTH = 100  # an array longer than this is written one item per line
 
@@ -37,7 +37,7 @@ def _is_control(c: str) -> bool:
 
 def key_text(name: str) -> str:
     """A TOML key: bare where TOML allows it, else quoted."""
-    return name if _BARE_KEY.match(name) else basic_string(name)
+    return name if _BARE_KEY.fullmatch(name) else basic_string(name)
 
 
 def basic_string(text: str) -> str:
@@ -137,7 +137,7 @@ def range_value(r: Range) -> Any:
         if r.low == r.high:
             return r.low
         low, high = number_text(r.low), number_text(r.high)
-        if _PLAIN_DECIMAL.match(low) and _PLAIN_DECIMAL.match(high):
+        if _PLAIN_DECIMAL.fullmatch(low) and _PLAIN_DECIMAL.fullmatch(high):
             return f"{low}-{high}"
         return [r.low, r.high]
     bounds = {}
