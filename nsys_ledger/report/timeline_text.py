@@ -43,7 +43,7 @@ def _budget(table: pl.DataFrame, table_lines, threshold_ns: int) -> list[str]:
         ))
     lines = [
         f"step time budget (us): T_step = busy Σt + N·g (gaps up to {threshold_ns / 1000:g} us) + C_comm "
-        "(collectives) + T_host (host and sync gaps) + other gaps",
+        "(collectives) + T_host (host, sync and launch gaps) + other gaps",
         *table_lines(rows),
     ]
     if table.height > MAX_ROWS:
@@ -58,7 +58,9 @@ def _budget(table: pl.DataFrame, table_lines, threshold_ns: int) -> list[str]:
 def _gap_summary(gaps: pl.DataFrame, threshold_ns: int, label: str) -> list[str]:
     if gaps.height == 0:
         return [f"{label}no idle gap above {threshold_ns / 1000:g} us in any decode step"]
-    return [f"{label}{gaps.height:,} above {threshold_ns / 1000:g} us, by cause: {describe_causes(gaps)}"]
+    entry = int(gaps["step_entry"].sum()) if "step_entry" in gaps.columns else 0
+    allowed = f" ({entry} of them the allowed launch gap at a step's entry)" if entry else ""
+    return [f"{label}{gaps.height:,} above {threshold_ns / 1000:g} us, by cause: {describe_causes(gaps)}{allowed}"]
 
 
 def _stream_gaps(stream_gaps: pl.DataFrame, threshold_ns: int) -> list[str]:
