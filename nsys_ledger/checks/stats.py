@@ -80,4 +80,7 @@ def op_counts(steps: Steps, ops: list[str]) -> pl.DataFrame:
     result = decode_steps.join(wide, on=STEP_KEY, how="left")
     missing = [op for op in [*ops, "other"] if op not in result.columns]
     result = result.with_columns(pl.lit(0, pl.Int64).alias(op) for op in missing)
-    return result.with_columns(pl.col(op).fill_null(0) for op in [*ops, "other"]).sort(STEP_KEY)
+    # columns in the ledger's op order: a pivot orders them by first appearance, which a
+    # parallel group_by does not keep from run to run
+    columns = [*ops, "other"]
+    return result.select(*STEP_KEY, *(pl.col(op).fill_null(0) for op in columns)).sort(STEP_KEY)
