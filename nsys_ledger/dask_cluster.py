@@ -1,7 +1,7 @@
 """Check rank files on a Dask cluster instead of local processes (`check --dask ADDRESS`).
 
 Each export is checked by the same worker function as in the local process pool
-(`multifile._check_one`: `check()` on one file, the per-event frames dropped unless asked
+(`worker.check_one_file`: `check()` on one file, the per-event frames dropped unless asked
 for), one task per file, and the results come back in file order to be stacked exactly as
 the local ones are (`multifile.stack_results`). Only this module imports Dask, and only
 `check_many(..., dask=...)` imports this module: a check without `--dask` loads nothing of it.
@@ -25,8 +25,8 @@ from typing import Any
 
 from nsys_ledger.errors import InputError
 from nsys_ledger.ledger import Expectations
-from nsys_ledger.multifile import _Checked, _check_one, _Failed
-from nsys_ledger.progress import PROGRESS_ENV, stage
+from nsys_ledger.worker import CheckedFile, FailedFile, check_one_file, quiet_worker
+from nsys_ledger.progress import stage
 
 __all__ = ["LOCAL", "check_on_dask"]
 
@@ -42,25 +42,25 @@ def check_on_dask(
     keep_events: bool,
     address: str,
     workers: int | None = None,
-) -> list[_Checked]:
+) -> list[CheckedFile]:
     """One Dask task per file; the outcomes in file order. Raises the first file's InputError."""
     with _client(address, len(files), workers) as client:
-        client.run(_quiet_worker)
+        client.run(quiet_worker)
         count = len(files)
         with stage(f"checking {count} files on the Dask cluster {address}") as line:
             futures = client.map(
-                _check_one, list(files), [expectations] * count, [options] * count, [keep_events] * count,
+                check_one_file, list(files), [expectations] * count, [options] * count, [keep_events] * count,
                 pure=False,
             )
-            outcomes: list[_Checked | _Failed] = []
+            outcomes: list[CheckedFile | FailedFile] = []
             for index, future in enumerate(futures):
                 outcome = future.result()
-                if isinstance(outcome, _Failed):
+                if isinstance(outcome, FailedFile):
                     client.cancel(futures[index + 1:])
                     raise outcome.kind(outcome.path, outcome.problem)
                 outcomes.append(outcome)
                 line.label = f"checking {count} files on the Dask cluster {address}: {index + 1} done"
-    return [o for o in outcomes if isinstance(o, _Checked)]
+    return [o for o in outcomes if isinstance(o, CheckedFile)]
 
 
 @contextlib.contextmanager
@@ -81,8 +81,3 @@ def _client(address: str, files: int, workers: int | None) -> Iterator[Any]:
         raise InputError(address, f"cannot reach the Dask scheduler ({error})") from None
     with client:
         yield client
-
-
-def _quiet_worker() -> None:
-    """Workers share no terminal with the user: only the client draws a progress line."""
-    os.environ[PROGRESS_ENV] = "0"

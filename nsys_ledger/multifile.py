@@ -27,19 +27,19 @@ import re
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 
-from nsys_ledger.api import InputFile, Result, Totals, _graph_level_replays, check, rejudge
-from nsys_ledger.errors import InputError, TraceError
+from nsys_ledger.api import InputFile, Result, Totals, check, rejudge
+from nsys_ledger.errors import TraceError
 from nsys_ledger.ledger import Expectations, load_expectations
-from nsys_ledger.progress import PROGRESS_ENV, stage
+from nsys_ledger.progress import stage
 from nsys_ledger.trace.columnar_reader import is_table_directory
 from nsys_ledger.trace.model import FRAME_SCHEMAS, Trace, TraceMeta
+from nsys_ledger.worker import CheckedFile, FailedFile, check_one_file, quiet_worker
 
 __all__ = ["check_many", "expand_trace_paths", "stack_results"]
 
@@ -116,22 +116,6 @@ def _natural_key(text: str) -> list[Any]:
 # --------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Checked:
-    result: Result
-    graph_level: bool  # captured with --cuda-graph-trace=graph (needs the events to tell)
-
-
-@dataclass(frozen=True)
-class _Failed:
-    """An InputError from a worker; rebuilt in the parent (its (path, problem) constructor
-    does not survive pickling as an exception)."""
-
-    kind: type[InputError]
-    path: str
-    problem: str
-
-
 def check_many(
     paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     expectations: str | Path | Expectations | None = None,
@@ -168,21 +152,21 @@ def check_many(
 def _check_in_processes(
     files: list[str], expectations: Expectations | None, options: dict[str, Any], workers: int | None,
     keep_events: bool,
-) -> list[_Checked]:
+) -> list[CheckedFile]:
     count = max(1, min(len(files), workers or os.cpu_count() or 1))
-    checked: list[_Checked | None] = [None] * len(files)
+    checked: list[CheckedFile | None] = [None] * len(files)
     # spawn, not fork: a forked child inherits polars' thread pool locks mid-use and can hang.
     with stage(f"checking {len(files)} files in {count} processes") as line, ProcessPoolExecutor(
-        max_workers=count, mp_context=get_context("spawn"), initializer=_quiet_worker
+        max_workers=count, mp_context=get_context("spawn"), initializer=quiet_worker
     ) as pool:
         futures = {
-            pool.submit(_check_one, path, expectations, options, keep_events): index
+            pool.submit(check_one_file, path, expectations, options, keep_events): index
             for index, path in enumerate(files)
         }
         try:
             for done, future in enumerate(as_completed(futures), start=1):
                 outcome = future.result()
-                if isinstance(outcome, _Failed):
+                if isinstance(outcome, FailedFile):
                     pool.shutdown(wait=False, cancel_futures=True)
                     raise outcome.kind(outcome.path, outcome.problem)
                 checked[futures[future]] = outcome
@@ -193,39 +177,6 @@ def _check_in_processes(
                 f"try fewer workers than {count}"
             ) from error
     return [c for c in checked if c is not None]
-
-
-def _quiet_worker() -> None:
-    """Workers share the parent's terminal: only the parent draws a progress line."""
-    os.environ[PROGRESS_ENV] = "0"
-
-
-def _check_one(
-    path: str, expectations: Expectations | None, options: dict[str, Any], keep_events: bool
-) -> _Checked | _Failed:
-    try:
-        result = check(path, expectations, **options)
-    except InputError as error:
-        return _Failed(type(error), error.path, error.problem)
-    graph_level = _graph_level_replays(result.trace)
-    return _Checked(result if keep_events else _without_events(result), graph_level)
-
-
-def _without_events(result: Result) -> Result:
-    """`result` with its per-event frames emptied (columns kept): see the module docstring."""
-    trace = dataclasses.replace(
-        result.trace,
-        **{name: getattr(result.trace, name).clear() for name in FRAME_SCHEMAS if name != "devices"},
-    )
-    steps = dataclasses.replace(
-        result.steps, activities=result.steps.activities.clear(), api_calls=result.steps.api_calls.clear()
-    )
-    slim = dataclasses.replace(result, trace=trace, steps=steps)
-    if result.layers is not None:  # the layer of every activity: per event too
-        slim = dataclasses.replace(
-            slim, layers=dataclasses.replace(result.layers, assignments=result.layers.assignments.clear())
-        )
-    return slim
 
 
 # --------------------------------------------------------------------------------------
