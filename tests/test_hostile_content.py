@@ -269,3 +269,17 @@ def test_step_ranges_never_closed_or_closed_elsewhere_are_not_steps(tmp_path):
     assert result.steps.method == "nvtx"
     assert result.step_table.select("step", "kernels").rows() == [(0, 2002), (1, 2002), (2, 2002), (3, 2002)]
     assert result.trace.nvtx.filter(pl.col("name") == "decode bs=32").height == 4 + 2
+
+
+def test_json_text_is_what_json_dumps_indent_2_writes(checked, tmp_path):
+    """write_json lays out the compact C-encoded text instead of encoding with indent in Python:
+    the file must be byte for byte what `json.dumps(indent=2, ensure_ascii=False)` gives."""
+    from nsys_ledger.report.json_report import dumps_indented, result_document
+
+    document = result_document(checked)
+    assert dumps_indented(document) == json.dumps(document, indent=2, ensure_ascii=False)
+    odd = {"empty": [[], {}], "floats": [1e-07, 1e16, -0.0, 2.5], "big": 2**70, "nan": float("nan"),
+           "text": "\u00e9\"\\\n\t\u2028\x01\x7f\ufffd", "nested": {"a": {"b": []}}}
+    assert dumps_indented(odd) == json.dumps(odd, indent=2, ensure_ascii=False)
+    del odd["nan"]
+    assert dumps_indented(odd) == json.dumps(odd, indent=2, ensure_ascii=False)
