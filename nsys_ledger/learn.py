@@ -55,6 +55,7 @@ GROUPED_KINDS = ("masked", "contiguous", "k_contiguous", "batched")
 DEFAULT_MODULE_GROUPS = {"self_attn": ("attention",), "attn": ("attention",), "indexer": ("indexer",),
                          "mlp": ("ffn",), "experts": ("ffn",), "shared_experts": ("ffn",)}
 STEP_ENTRY_MARGIN = 1.5  # a learned step-entry gap may be this much longer than the longest seen
+IMBALANCE_MARGIN = 1.25  # ... and the ranks' busy-time spread this much larger
 MAX_OP_NAME = 48
 
 
@@ -314,6 +315,8 @@ def final_ledger(provisional: Expectations, result: Result, options: LearnOption
         comments["graphs.launches_per_step"] = _observed(launches, steps, "graph launches per step")
     threshold_ns, step_entry, gap_comments = _learned_gaps(provisional, result, options)
     comments |= gap_comments
+    imbalance, rank_comments = _learned_imbalance(provisional, result)
+    comments |= rank_comments
     comments["model"] = (f"learned by nsys-ledger learn from {', '.join(os.path.basename(p) for p in paths)}: "
                          f"{steps} decode steps on {table['rank'].n_unique()} rank(s)")
     base = options.base
@@ -329,6 +332,7 @@ def final_ledger(provisional: Expectations, result: Result, options: LearnOption
         total_hint_high=base.total_hint_high if base else None,
         gap_threshold_ns=threshold_ns,
         step_entry_gaps=step_entry,
+        rank_imbalance_pct=imbalance,
         h2d=h2d,
         graph_launches_per_step=graphs,
         layer_classes=classes,
@@ -429,6 +433,20 @@ def _learned_gaps(provisional: Expectations, result: Result, options: LearnOptio
         comments["gaps.step_entry_max_us"] = (
             f"the longest step-entry launch gap observed: {longest / 1000:.1f} us (x{STEP_ENTRY_MARGIN:g})")
     return threshold, step_entry, comments
+
+
+def _learned_imbalance(provisional: Expectations, result: Result) -> tuple[float | None, dict[str, str]]:
+    """The busy-time spread between ranks a known-good rank set shows, with headroom: kept at
+    the base's limit when within it, raised above what was seen when not."""
+    limit = provisional.rank_imbalance_pct
+    if result.ranks is None:
+        return limit, {}
+    seen = result.ranks.imbalance_pct
+    if limit is not None and seen <= limit:
+        return limit, {"ranks.max_imbalance_pct": f"the known-good ranks differ by {seen:.1f}% in busy time"}
+    raised = float(math.ceil(seen * IMBALANCE_MARGIN))
+    return raised, {"ranks.max_imbalance_pct": f"the known-good ranks differ by {seen:.1f}% in busy time "
+                                               f"(x{IMBALANCE_MARGIN:g}); a larger spread fails"}
 
 
 # ---- layers ----------------------------------------------------------------------------------

@@ -162,3 +162,14 @@ def test_learn_command(tmp_path):
     )
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
     assert "no decode step found" in bad.stderr
+
+
+def test_learn_on_two_ranks_keeps_their_spread(tmp_path):
+    """Two ranks whose busy time differs by 19.5%: above the base's 10%, so the learned limit
+    is raised above what was seen (x1.25 = 25%), with a comment saying so."""
+    sample = SAMPLES / "glm5-graph-2ranks-slow-rank1.sqlite"
+    ledger_path = _learned(tmp_path, sample, base=load_expectations(GLM))
+    ledger = load_expectations(ledger_path)
+    assert ledger.rank_imbalance_pct == 25
+    assert "# the known-good ranks differ by 19.5% in busy time (x1.25)" in ledger_path.read_text()
+    assert nsys_ledger.check(sample, ledger).verdict == "pass"
