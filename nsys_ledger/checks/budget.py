@@ -88,25 +88,34 @@ def _device_shares(segments: pl.DataFrame, spans: pl.DataFrame, threshold_ns: in
     """Budget terms (_RUNNING) of each span of one device."""
     length = pl.col("seg_end") - pl.col("seg_start")
     small = (pl.col("kind") == "idle") & (length <= threshold_ns)
-    running = segments.select(
-        pl.when(pl.col("kind") == "busy").then(length).otherwise(0).cum_sum().alias("_busy"),
-        pl.when(pl.col("kind") == "collective").then(length).otherwise(0).cum_sum().alias("_collective_only"),
-        pl.when(pl.col("kind") == "overhead").then(length).otherwise(0).cum_sum().alias("_overhead"),
-        small.cast(pl.Int64).cum_sum().alias("_small_gaps"),
-        pl.when(small).then(length).otherwise(0).cum_sum().alias("_small_gap_ns"),
-        length.cum_sum().alias("_all"),
-    )
-    # row k: the totals over the first k segments (row 0: none yet)
-    totals = pl.concat([pl.DataFrame({c: [0] for c in _RUNNING}, schema=running.schema), running])
+    running = {
+        "_busy": pl.when(pl.col("kind") == "busy").then(length).otherwise(0),
+        "_collective_only": pl.when(pl.col("kind") == "collective").then(length).otherwise(0),
+        "_overhead": pl.when(pl.col("kind") == "overhead").then(length).otherwise(0),
+        "_small_gaps": small.cast(pl.Int64),
+        "_small_gap_ns": pl.when(small).then(length).otherwise(0),
+        "_all": length,
+    }
+    # the segments ending at or before a span's start and end: a span end is a segment end
+    # (or the start of the device's timeline, where none has ended: totals 0). Row k - 1 of a
+    # running total holds the total over the first k segments, gathered at a null index for k = 0
     seg_end = segments["seg_end"]
 
-    def totals_at(times: pl.Series) -> pl.DataFrame:
-        # the segments ending at or before t: t is a span end, hence a segment end (or the
-        # start of the device's timeline, where none has ended)
-        return totals.select(pl.all().gather(seg_end.search_sorted(times, side="right")))
+    def last_ended(times: pl.Series) -> pl.Series:
+        ended = seg_end.search_sorted(times, side="right").cast(pl.Int64)
+        return pl.select(pl.when(ended > 0).then(ended - 1)).to_series()
 
-    at_start, at_end = totals_at(spans["gpu_start"]), totals_at(spans["gpu_end"])
-    return spans.select(BUDGET_KEY).with_columns((at_end[c] - at_start[c]).alias(c) for c in _RUNNING)
+    at_start, at_end = last_ended(spans["gpu_start"]), last_ended(spans["gpu_end"])
+    shares = spans.select(BUDGET_KEY)
+    for name, term in running.items():
+        # one running total at a time (a column per segment, two segments per activity), read
+        # at the span ends and dropped, instead of six held together
+        total = segments.select(term.cum_sum().alias(name)).to_series()
+        shares = shares.with_columns(
+            (total.gather(at_end).fill_null(0) - total.gather(at_start).fill_null(0)).alias(name)
+        )
+        del total
+    return shares
 
 
 def bound_expr() -> pl.Expr:

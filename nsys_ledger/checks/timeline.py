@@ -65,21 +65,25 @@ def build_timeline(
     overhead = trace.profiler_overhead
     syncs = blocking_syncs(trace.api_calls, trace.syncs)
     spans = step_spans(decode)
+    replays = step_replays(decode)
+    # each wide intermediate is freed before the next is built: the decode copy before the
+    # device sweep, the sweep's segments (two per activity) once the budget has read them
+    del decode
     collectives = collective_names(activities)
     segments = timeline_segments(activities, overhead, DEVICE_KEY, collectives)
     gaps = find_gaps(activities, spans, overhead, syncs, threshold_ns, segments=segments, collectives=collectives)
     gaps = mark_step_entry_gaps(gaps, graph_launches_per_step(steps), step_entry)
+    budget = budget_mod.step_budget(segments, spans, gaps, threshold_ns)
+    del segments
     stream_gaps = (
         find_gaps(activities, spans, overhead, syncs, threshold_ns, per_stream=True, collectives=collectives)
         if per_stream else None
     )
-    replays = step_replays(decode)
-    del decode
     return Timeline(
         threshold_ns=threshold_ns,
         gaps=gaps,
         stream_gaps=stream_gaps,
-        budget=budget_mod.step_budget(segments, spans, gaps, threshold_ns),
+        budget=budget,
         h2d=step_h2d_copies(steps),
         replays=replays,
         breaks=graph_breaks(replays, in_decode),
