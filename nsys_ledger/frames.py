@@ -36,18 +36,22 @@ def group_agg(frame: Frame, keys: Sequence[str], *aggs: pl.Expr) -> pl.DataFrame
     )
 
 
-def packed_key(frames: Frame | Sequence[Frame], keys: Sequence[str]) -> pl.Expr | None:
+def packed_key(
+    frames: Frame | Sequence[Frame], keys: Sequence[str], *, nulls_never_match: bool = False
+) -> pl.Expr | None:
     """One Int64 expression equal for two rows exactly when all `keys` are, or None when a
     key is not an integer, holds nulls, or the keys' ranges need more than 62 bits.
 
     Given several frames (the two sides of a join), the packing covers the values of all of
-    them, so the same expression keys each side."""
+    them, so the same expression keys each side. `nulls_never_match`: for a join (nulls
+    unequal, polars' default), a row with a null in any key gets a null packed key, which
+    matches nothing, as a join on the key columns themselves does."""
     frames = [frames] if isinstance(frames, (pl.DataFrame, pl.LazyFrame)) else list(frames)
     if len(keys) < 2:
         return None
     lows, highs = dict.fromkeys(keys), dict.fromkeys(keys)
     for frame in frames:
-        bounds = _key_bounds(frame.lazy(), keys)
+        bounds = _key_bounds(frame.lazy(), keys, allow_nulls=nulls_never_match)
         if bounds is None:
             return None
         for k, (low, high) in bounds.items():
@@ -67,8 +71,11 @@ def packed_key(frames: Frame | Sequence[Frame], keys: Sequence[str]) -> pl.Expr 
     return packed
 
 
-def _key_bounds(lazy: pl.LazyFrame, keys: Sequence[str]) -> dict[str, tuple[int | None, int | None]] | None:
-    """`key -> (min, max)`, or None when a key is not an integer or holds a null."""
+def _key_bounds(
+    lazy: pl.LazyFrame, keys: Sequence[str], *, allow_nulls: bool = False
+) -> dict[str, tuple[int | None, int | None]] | None:
+    """`key -> (min, max)` of the non-null values, or None when a key is not an integer or
+    holds a null (unless `allow_nulls`)."""
     schema = lazy.collect_schema()
     if not all(schema[k].is_integer() for k in keys):
         return None
@@ -81,7 +88,11 @@ def _key_bounds(lazy: pl.LazyFrame, keys: Sequence[str]) -> dict[str, tuple[int 
     found = {}
     for k in keys:
         low, high = bounds[f"{k}\x00min"], bounds[f"{k}\x00max"]
-        if bounds[f"{k}\x00nulls"] or (bounds["\x00rows"] and (low is None or high is None)):
-            return None  # a null, or a value outside Int64
+        if bounds[f"{k}\x00nulls"] and not allow_nulls:
+            return None  # a null
+        if (low is None) != (high is None) or (
+            low is None and bounds["\x00rows"] > bounds[f"{k}\x00nulls"]
+        ):
+            return None  # a value outside Int64
         found[k] = (low, high)
     return found

@@ -68,3 +68,21 @@ def test_one_packing_keys_both_sides_of_a_join() -> None:
     assert packed_key([left, right.with_columns(pl.lit(None, pl.Int64).alias("pid"))], ["pid", "correlation"]) is None
     # an empty side covers no values
     assert packed_key([left, right.clear()], ["pid", "correlation"]) is not None
+
+
+def test_a_packed_join_key_with_nulls_matches_as_the_pair_join_does() -> None:
+    """nulls_never_match: a null in any key gives a null packed key, which a join leaves
+    unmatched, exactly as a join on the key columns themselves (nulls unequal) does."""
+    left = pl.DataFrame({"pid": [7, 7, None, 9, 9], "node": [1, None, 2, 2, 3]})
+    right = pl.DataFrame({"pid": [7, 7, None, 9], "node": [1, None, 2, 3], "v": [10, 20, 30, 40]})
+    assert packed_key([left, right], ["pid", "node"]) is None
+    key = packed_key([left, right], ["pid", "node"], nulls_never_match=True)
+    assert key is not None
+    by_pair = left.join(right, on=["pid", "node"], how="left", maintain_order="left")
+    by_key = left.with_columns(key.alias("k")).join(
+        right.select(key.alias("k"), "v"), on="k", how="left", maintain_order="left"
+    ).drop("k")
+    assert by_key.equals(by_pair)
+    assert by_key["v"].to_list() == [10, None, None, None, 40]
+    all_null = pl.DataFrame({"pid": [None, None], "node": [1, 2]}, schema={"pid": pl.Int64, "node": pl.Int64})
+    assert packed_key([all_null, right], ["pid", "node"], nulls_never_match=True) is not None
