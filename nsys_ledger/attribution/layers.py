@@ -27,7 +27,7 @@ import polars as pl
 
 from nsys_ledger.attribution.graph_capture import NO_CAPTURE_CALL, RESOLVED, capture_origins
 from nsys_ledger.attribution.nvtx_projection import innermost_range_ids, projectable_ranges
-from nsys_ledger.frames import packed_key
+from nsys_ledger.frames import left_join_keys, packed_key
 from nsys_ledger.ledger.model import Expectations, LayerRule
 from nsys_ledger.trace.model import Trace
 
@@ -166,13 +166,13 @@ def _replay_layers(activities: pl.DataFrame, ranges: pl.DataFrame) -> pl.DataFra
         call_key = packed_key(activities, ["pid", "correlation"], nulls_never_match=True)
         if call_key is None:
             calls = activities.select("pid", "correlation", *launch).unique(subset=["pid", "correlation"])
-        else:  # deduplicated on one packed Int64 (see _left_join); rows with a null key match nothing below
+        else:  # deduplicated on one packed Int64 (see frames.left_join_keys); rows with a null key match nothing below
             calls = (activities.select("pid", "correlation", *launch, call_key.alias("_call"))
                      .unique(subset="_call").drop("_call"))
         found = innermost_range_ids(calls.with_row_index("call"), ranges, thread_col="api_tid",
                                     start_col="api_start", end_col="api_end")
         per_call = calls.select("pid", "correlation").with_columns(*_layer_of(found, ranges, calls.height))
-        matched = _left_join(activities, per_call, ["pid", "correlation"])
+        matched = left_join_keys(activities, per_call, ["pid", "correlation"])
         layer, submodule = matched["layer"], matched["submodule"]
     return pl.DataFrame([layer.alias("replay_layer"), submodule.alias("replay_submodule")])
 
@@ -187,22 +187,8 @@ def _capture_layers(capture: pl.DataFrame, ranges: pl.DataFrame, activities: pl.
     per_node = usable.select(
         "pid", "graph_node_id", layer.alias("capture_layer"), submodule.alias("capture_submodule"), "capture_time",
     )
-    return _left_join(activities, per_node, ["pid", "graph_node_id"]).drop("pid", "graph_node_id")
+    return left_join_keys(activities, per_node, ["pid", "graph_node_id"]).drop("pid", "graph_node_id")
 
-
-def _left_join(activities: pl.DataFrame, lookup: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
-    """`activities.select(keys)` left-joined with `lookup` on `keys`, in the activities' order.
-
-    Through one packed Int64 key when the keys fit (a null in any key matches nothing either
-    way): a join on two Int64 columns over a million activities goes through a row encoding of
-    both and takes twice as long."""
-    packed = packed_key([activities, lookup], keys, nulls_never_match=True)
-    if packed is None:
-        return activities.select(keys).join(lookup, on=keys, how="left", maintain_order="left")
-    found = activities.select(*keys, packed.alias("_key")).join(
-        lookup.select(packed.alias("_key"), pl.exclude(keys)), on="_key", how="left", maintain_order="left"
-    )
-    return found.drop("_key")
 
 
 def _layer_of(found: pl.DataFrame, ranges: pl.DataFrame, calls: int) -> tuple[pl.Series, pl.Series]:

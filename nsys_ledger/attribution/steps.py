@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from nsys_ledger.frames import group_agg
+from nsys_ledger.frames import group_agg, left_join_keys
 from nsys_ledger.ledger.model import StepRule
 
 NO_TIME_BEFORE = -(2**62)
@@ -273,9 +273,7 @@ def _with_steps(placed: pl.DataFrame, step_of_window: pl.DataFrame) -> pl.DataFr
 
     Only the window keys go through the join, so the rows keep their order and the columns
     are shared, not copied."""
-    looked_up = placed.select("key", "window").join(
-        step_of_window, on=["key", "window"], how="left", maintain_order="left"
-    )
+    looked_up = left_join_keys(placed, step_of_window, ["key", "window"])
     return placed.hstack(looked_up.select("step", "rank", "decode"))
 
 
