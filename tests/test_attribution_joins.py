@@ -32,3 +32,30 @@ def test_launch_calls_are_joined_row_for_row(correlation_base):
         (0, 200, "graph_launch"), (1, 100, "kernel_launch"), (2, 200, "graph_launch"), (3, None, None),
         (4, None, None),
     ]
+
+
+@pytest.mark.parametrize("case", ["distinct keys: array lookup", "a repeated key: join", "sparse keys: join"])
+def test_launch_calls_by_array_lookup_equal_the_join(case):
+    """with_launch_calls looks the calls up by position in an array over the packed key when
+    the keys are distinct and dense enough; whichever way, the columns are the left join's,
+    the first call of a repeated key counting."""
+    spread = 10**9 if case.startswith("sparse") else 1
+    activities = pl.DataFrame(
+        [(i, 42 + (i % 2), 5 + (i % 7) * spread, f"k{i}") for i in range(40)], schema=ACTIVITIES, orient="row",
+    )
+    calls = [(42 + (j % 2), 5 + (j % 7) * spread, 100 + j, 110 + j, 9, "kernel_launch") for j in range(12)
+             if (j % 2, j % 7) != (1, 3)]  # some activities have no call
+    if case.startswith("a repeated"):
+        calls.append((42, 5, 999, 999, 9, "graph_launch"))  # the first (42, 5) counts
+    calls = pl.DataFrame(calls, schema=CALLS, orient="row")
+    joined = with_launch_calls(activities, calls)
+    renamed = calls.select("pid", "correlation", pl.col("start").alias("api_start"), pl.col("end").alias("api_end"),
+                           pl.col("global_tid").alias("api_tid"), pl.col("kind").alias("api_kind"))
+    expected = activities.hstack(
+        activities.select("pid", "correlation")
+        .join(renamed.unique(subset=["pid", "correlation"], keep="first"), on=["pid", "correlation"], how="left",
+              maintain_order="left")
+        .drop("pid", "correlation")
+    )
+    assert joined.equals(expected)
+    assert joined["api_start"].null_count() > 0

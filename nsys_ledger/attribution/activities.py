@@ -76,7 +76,31 @@ def with_launch_calls(activities: pl.DataFrame, api_calls: pl.DataFrame) -> pl.D
     keys: list[str | pl.Expr] = ["pid", "correlation"] if packed is None else [packed.alias("_launch")]
     calls = calls.select(*keys, "api_start", "api_end", "api_tid", "api_kind")
     key_names = calls.columns[: len(keys)]
+    if packed is not None:
+        found = _launches_by_position(activities.select(packed.alias("_launch")).to_series(), calls)
+        if found is not None:
+            return activities.hstack(found)
     launches = activities.select(*keys).join(
         calls.unique(subset=key_names, keep="first"), on=key_names, how="left", maintain_order="left"
     )
     return activities.hstack(launches.drop(key_names))
+
+
+def _launches_by_position(wanted: pl.Series, calls: pl.DataFrame) -> pl.DataFrame | None:
+    """The call columns (all but `_launch`) for each key of `wanted` (null where no call has
+    it), looked up in an array indexed by the packed key instead of joined: what the left join
+    on `_launch` gives when the calls' keys are distinct, in a fraction of its time (eager
+    decode: a million activities against a million calls, 0.3 s -> 0.05 s of CPU). None when
+    keys repeat (the join keeps the first) or spread too thinly for an array."""
+    have = calls["_launch"]
+    if calls.height == 0 or wanted.len() == 0 or have.n_unique() != calls.height:
+        return None
+    low = min(int(have.min()), int(wanted.min()))
+    span = max(int(have.max()), int(wanted.max())) - low + 1
+    if span > 4 * (calls.height + wanted.len()) + 1024:
+        return None
+    at_key = pl.repeat(None, span, dtype=pl.UInt32, eager=True).scatter(
+        have - low, pl.int_range(calls.height, dtype=pl.UInt32, eager=True)
+    )
+    position = at_key.gather(wanted - low)
+    return calls.drop("_launch").select(pl.all().gather(position))
