@@ -256,7 +256,7 @@ def _gap_outcome(table: pl.DataFrame, timeline: Timeline) -> CheckOutcome:
                          f"{entry['duration'].min() / 1000:.1f}-{entry['duration'].max() / 1000:.1f} us)")
         return CheckOutcome(name, "gaps.threshold_us", "0", observed, ())
     failing = table.filter(pl.col("gaps") > 0)
-    worst = gaps.sort("duration", descending=True).row(0, named=True)
+    worst = gaps.sort(["duration", "rank", "step", "start"], descending=[True, False, False, False]).row(0, named=True)
     steps_text = describe_steps(failing)
     observed = _span(failing["gaps"])
     message = (

@@ -277,7 +277,7 @@ def _gaps_section(result: Result) -> str:
     if entry == gaps.height:
         heading += note(f"gaps: no idle gap above {threshold} in any decode step but the {entry} allowed "
                         "step-entry gaps (the wait for cudaGraphLaunch, cause launch)")
-    longest = gaps.sort("duration", descending=True).head(MAX_TABLE_ROWS)
+    longest = gaps.sort(["duration", "rank", "step", "start"], descending=[True, False, False, False]).head(MAX_TABLE_ROWS)
     names = _short_name_lookup(pl.concat([longest["before"], longest["after"]]))
     # Columns the timeline checks add (cause, ops and layers on both sides), when present.
     extra = [c for c in ("cause", "step_entry", "before_op", "before_layer", "after_op", "after_layer")
@@ -306,7 +306,8 @@ EXTRA_GAP_HEADERS = {"step_entry": "allowed step entry"}
 def _causes_line(gaps: pl.DataFrame) -> str:
     if "cause" not in gaps.columns:
         return note("gap causes: not computed for this result (timeline checks absent)")
-    by_cause = gaps.group_by("cause").agg(pl.len(), pl.col("duration").sum()).sort("len", descending=True)
+    by_cause = gaps.group_by("cause").agg(pl.len(), pl.col("duration").sum()).sort(
+        "len", "cause", descending=[True, False])  # ties by name: the same page every run
     text = "; ".join(f"{cause}: {n:,} gaps, {ns / 1000:,.1f} µs" for cause, n, ns in by_cause.iter_rows())
     return f"<p>by cause: {esc(text)}</p>"
 
@@ -413,7 +414,7 @@ def _facts_section(result: Result, selected: list[SelectedStep]) -> str:
     trace, totals, steps = result.trace, result.totals, result.steps
     meta = trace.meta
     devices = ", ".join(f"{d}: {n or 'GPU'}" for d, n in trace.devices.select("device", "name").iter_rows())
-    excluded = steps.excluded.group_by("reason").agg(pl.len()).sort("len", descending=True)
+    excluded = steps.excluded.group_by("reason").agg(pl.len()).sort("len", "reason", descending=[True, False])
     decode_kernels = result.step_table["kernels"].sum() if result.step_table.height else 0
     files = getattr(result, "files", ())
     facts = [

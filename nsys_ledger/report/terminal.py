@@ -54,7 +54,7 @@ def _facts(result: Result) -> list[str]:
     ) or "none"
     graph_mode = {"node": "CUDA graphs traced per node", "graph": "CUDA graphs traced per graph (no kernels inside)"}
     by_device = ", ".join(f"device {d}: {n:,}" for d, n in totals.kernels_by_device.items())
-    excluded = steps.excluded.group_by("reason").agg(pl.len()).sort("len", descending=True)
+    excluded = steps.excluded.group_by("reason").agg(pl.len()).sort("len", "reason", descending=[True, False])
     excluded_text = "; ".join(f"{n} {printable(reason)}" for reason, n in excluded.iter_rows())
     lines = [
         click.style(f"nsys-ledger check {printable(trace.path)}", bold=True),
