@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from finding_sets import failures
 
 import nsys_ledger
 from nsys_ledger.learn import LearnOptions, learn
@@ -67,32 +68,13 @@ def test_expectations_show_prints_the_learned_ledger(from_healthy):
     assert "fused_add_rmsnorm" in run.stdout and "2 * layers" in run.stdout
 
 
-def _failures(result) -> tuple[set[str], dict[str, set[int]]]:
-    """Anchors that fail, and per layer group the layers some layer finding names."""
-    anchors = {f.subject for f in result.findings if f.check == "anchor"}
-    layers: dict[str, set[int]] = {}
-    for finding in result.findings:
-        if finding.check in ("layer", "layer_uniform") and finding.layers:
-            layers.setdefault(finding.subject, set()).update(_layer_set(finding.layers))
-    return anchors, layers
-
-
-def _layer_set(text: str) -> set[int]:
-    out: set[int] = set()
-    for part in text.split(","):
-        low, _, rest = part.strip().partition("-")
-        high, _, step = rest.partition("/")
-        out.update(range(int(low), int(high or low) + 1, int(step or 1)))
-    return out
-
-
 @pytest.mark.parametrize("sample", FAULTED)
 def test_learned_ledger_fails_every_fault_like_the_hand_written_one(from_healthy, sample):
     hand = nsys_ledger.check(SAMPLES / sample, load_expectations(GLM))
     learned = nsys_ledger.check(SAMPLES / sample, load_expectations(from_healthy))
     assert hand.verdict == learned.verdict == "fail"
-    hand_anchors, hand_layers = _failures(hand)
-    learned_anchors, learned_layers = _failures(learned)
+    hand_anchors, hand_layers = failures(hand)
+    learned_anchors, learned_layers = failures(learned)
     assert hand_anchors <= learned_anchors
     assert {g: layers for g, layers in learned_layers.items() if g in hand_layers} == hand_layers
     hand_checks = {f.check for f in hand.findings} - {"anchor", "layer", "layer_uniform"}

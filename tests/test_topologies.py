@@ -13,6 +13,7 @@ import hashlib
 from pathlib import Path
 
 import pytest
+from finding_sets import failures
 from click.testing import CliRunner
 
 import nsys_ledger
@@ -204,25 +205,6 @@ def learned(tmp_path_factory):
     return out
 
 
-def _failures(result) -> tuple[set[str], dict[str, set[int]]]:
-    """Anchors that fail, and per layer group the layers some layer finding names."""
-    anchors = {f.subject for f in result.findings if f.check == "anchor"}
-    layers: dict[str, set[int]] = {}
-    for finding in result.findings:
-        if finding.check in ("layer", "layer_uniform") and finding.layers:
-            layers.setdefault(finding.subject, set()).update(_layer_set(finding.layers))
-    return anchors, layers
-
-
-def _layer_set(text: str) -> set[int]:
-    out: set[int] = set()
-    for part in text.split(","):
-        low, _, rest = part.strip().partition("-")
-        high, _, step = rest.partition("/")
-        out.update(range(int(low), int(high or low) + 1, int(step or 1)))
-    return out
-
-
 @pytest.mark.parametrize("topology", list(TOPOLOGY_SAMPLES))
 def test_learned_ledger_passes_the_healthy_sample(learned, checked, topology):
     result = checked(TOPOLOGY_SAMPLES[topology][0], learned[topology])
@@ -235,8 +217,8 @@ def test_learned_ledger_fails_the_fault_like_the_hand_written_one(learned, check
     hand = checked(faulted, EXPECTATIONS / f"{topology}.toml")
     from_healthy = checked(faulted, learned[topology])
     assert hand.verdict == from_healthy.verdict == "fail"
-    hand_anchors, hand_layers = _failures(hand)
-    learned_anchors, learned_layers = _failures(from_healthy)
+    hand_anchors, hand_layers = failures(hand)
+    learned_anchors, learned_layers = failures(from_healthy)
     assert hand_anchors <= learned_anchors
     assert {g: layers for g, layers in learned_layers.items() if g in hand_layers} == hand_layers
     hand_checks = {f.check for f in hand.findings} - {"anchor", "layer", "layer_uniform"}
