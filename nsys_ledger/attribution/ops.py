@@ -66,10 +66,11 @@ class OpClassifier:
         self._ops: list[tuple[OpDef, list[re.Pattern[str]]]] = []
         if expectations is not None:
             self._ops = [(op, [re.compile(p) for p in op.patterns]) for op in expectations.ops.values()]
+        self._reads_shapes = any(op.gemm for op, _ in self._ops)  # else no name needs parsing
 
     def classify(self, kernel_name: str) -> OpMatch:
         """The first declared op whose pattern or GEMM shape matches (declaration order)."""
-        signature = gemm_signature(kernel_name) if any(op.gemm for op, _ in self._ops) else None
+        signature = gemm_signature(kernel_name) if self._reads_shapes else None
         for op, patterns in self._ops:
             if signature is not None:
                 shape = next((s for s in op.gemm if gemm_matches(s, signature)), None)
