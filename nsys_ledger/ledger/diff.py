@@ -140,7 +140,7 @@ def _params(a: Expectations, b: Expectations) -> Iterator[LedgerChange]:
             return None
         return _with_formula(_num(exp.params[name]), exp.written.get(f"params.{name}"))
 
-    for name in [*a.params, *(n for n in b.params if n not in a.params)]:
+    for name in _keys_of_both(a.params, b.params):
         if a.params.get(name) != b.params.get(name):
             yield from _value(f"params.{name}", show(a, name), show(b, name))
 
@@ -205,10 +205,15 @@ def _op_order(a: Expectations, b: Expectations) -> Iterator[LedgerChange]:
             )
 
 
+def _keys_of_both(a: dict, b: dict) -> list:
+    """The keys of `a` in its order, then those only `b` has: every key once, in file order."""
+    return [*a, *(key for key in b if key not in a)]
+
+
 def _anchors(a: Expectations, b: Expectations) -> Iterator[LedgerChange]:
     before = {anchor.op: anchor for anchor in a.anchors}
     after = {anchor.op: anchor for anchor in b.anchors}
-    for op in [*before, *(op for op in after if op not in before)]:
+    for op in _keys_of_both(before, after):
         key = f"anchors.{op}"
         x, y = before.get(op), after.get(op)
         if x is None or y is None:
@@ -259,7 +264,7 @@ def _layers(a: Expectations, b: Expectations) -> Iterator[LedgerChange]:
     for name in ("first_opening_op", "opening_followed_by", "closing_op"):
         yield from _value(f"layers.{name}", getattr(ra, name), getattr(rb, name))
     yield from _value("layers.uniform", ra.uniform, rb.uniform, lambda v: str(v).lower())
-    for module in [*ra.modules, *(m for m in rb.modules if m not in ra.modules)]:
+    for module in _keys_of_both(ra.modules, rb.modules):
         yield from _value(f"layers.modules.{module}", ra.modules.get(module), rb.modules.get(module), "/".join)
     yield from _layer_classes(a, b)
 
@@ -267,7 +272,7 @@ def _layers(a: Expectations, b: Expectations) -> Iterator[LedgerChange]:
 def _layer_classes(a: Expectations, b: Expectations) -> Iterator[LedgerChange]:
     before = {c.name: c for c in a.layer_classes}
     after = {c.name: c for c in b.layer_classes}
-    for name in [*before, *(n for n in after if n not in before)]:
+    for name in _keys_of_both(before, after):
         key = f"layers.classes.{name}"
         x, y = before.get(name), after.get(name)
         if x is None or y is None:
@@ -275,5 +280,5 @@ def _layer_classes(a: Expectations, b: Expectations) -> Iterator[LedgerChange]:
             continue
         if x.layers != y.layers:
             yield LedgerChange(f"{key}.layers", CHANGED, _layers_value(x), _layers_value(y))
-        for group in [*x.groups, *(g for g in y.groups if g not in x.groups)]:
+        for group in _keys_of_both(x.groups, y.groups):
             yield from _value(f"{key}.groups.{group}", x.groups.get(group), y.groups.get(group), _range)
