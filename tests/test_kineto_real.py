@@ -44,6 +44,7 @@ VLLM_CAPTURE = ("AMD-AGI__TraceLens__inference_vllm_decode_full_capture_traces_g
                 ".1773709742341309550.pt.trace.json.gz")
 VLLM_DECODE = "AMD-AGI__TraceLens__inference_vllm_decode_full_graph_execution.json.gz"
 ALEXNET = "HTA__critical_path__alexnet__benchmark_result_2869224_1695835535_trace.json.gz"
+NCCL = "HTA__nccl_parser_config__nccl_data.json.gz"
 
 # Counted from the JSON (module docstring). runtime/driver: events of cat cuda_runtime /
 # cuda_driver; launches: their kernel-launch calls; graph_kernels: kernels whose correlation is
@@ -77,6 +78,11 @@ FACTS = {
                   launches=79, graph_launches=0, graph_kernels=0,
                   ranges={"user_annotation": 8, "cpu_op": 359},
                   first_kernel_ns=(1695835573023613000, 71000), rank=0, world_size=None),
+    # launches: 2550 cudaLaunchKernel + 150 cudaLaunchKernelExC
+    NCCL: dict(kernels=2700, memcpy={"DtoD": 960}, memsets=114, syncs=0, runtime=8740, driver=0,
+               launches=2700, graph_launches=0, graph_kernels=0,
+               ranges={"user_annotation": 42, "gpu_user_annotation": 30, "cpu_op": 14346},
+               first_kernel_ns=(4458676422880181, 3744), rank=0, world_size=2),
 }
 
 

@@ -3,8 +3,11 @@
 Three ways to find steps, tried in this order by `method="auto"`:
 
 * ``nvtx``: a push/pop or start/end range whose name matches a regex is one step; a GPU
-  activity belongs to it when its launching call lies inside the range on the same thread
-  (nsys's projection rule).
+  activity belongs to it when its launching call lies inside the range, on any thread of the
+  process: a launch on the range's own thread first (nsys's projection rule), then one from
+  another thread by time (PyTorch's autograd thread launches most of a training step's
+  kernels, inference engines launch from worker threads). `launch_threads` says which
+  threads launched how many in each step.
 * ``graph``: real SGLang decode has no per-step NVTX; a decode step is a replay of the
   decode CUDA graph (`cudaGraphLaunch`) plus the eager work around it, above all the
   sampling kernel that runs outside the graph. When the expectations name that step-ending
@@ -19,7 +22,9 @@ Three ways to find steps, tried in this order by `method="auto"`:
 
 Windows are intervals of host time per key (the process for cut-based methods, the thread for
 NVTX ranges); activities are placed by a sorted as-of join on the launching call's start,
-never by an interval cross join.
+never by an interval cross join. An NVTX window also takes the launches of the process's other
+threads that start inside it and lie in no window of their own thread; where two threads'
+step ranges overlap in time, such a launch goes to the range that started last.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from nsys_ledger.ledger.model import StepRule
 
 NO_TIME_BEFORE = -(2**62)
 NO_TIME_AFTER = 2**62
+THREAD_ID_MODULUS = 2**24  # the thread id is the low 24 bits of a global thread id (nsys and our Kineto reader)
 
 WINDOW_SCHEMA = {
     "key": pl.Int64,  # pid (cut-based methods) or global_tid (nvtx)
@@ -53,6 +59,8 @@ class Steps:
     windows: pl.DataFrame  # one row per window: WINDOW_SCHEMA + decode, reason, rank, step
     activities: pl.DataFrame  # the input activities + window key columns + step, rank
     api_calls: pl.DataFrame  # api calls + step, rank (for submissions and graph launches)
+    rule: StepRule | None = None  # the step rule in effect (the ledger's, or check's default for the trace)
+    launch_threads: pl.DataFrame | None = None  # per decode step and launching thread: `rank, step, tid, launches`
 
     @property
     def decode(self) -> pl.DataFrame:
@@ -122,21 +130,37 @@ def find_steps(
         placed = _place(at, windows, time_col="_placed_at", key_col="pid").drop("_placed_at")
     else:
         placed = _place(activities, windows, time_col="api_start", key_col="api_tid" if by_thread else "pid")
-    placed_calls = _place(
-        api_calls.rename({"start": "api_start", "global_tid": "api_tid"}),
-        windows,
-        time_col="api_start",
-        key_col="api_tid" if by_thread else "pid",
-    ).rename({"api_start": "start", "api_tid": "global_tid"})
+    calls = api_calls.rename({"start": "api_start", "global_tid": "api_tid"})
+    placed_calls = _place(calls, windows, time_col="api_start", key_col="api_tid" if by_thread else "pid")
+    if by_thread:
+        placed = _place_other_threads(placed, windows)
+        placed_calls = _place_other_threads(placed_calls, windows)
+    placed_calls = placed_calls.rename({"api_start": "start", "api_tid": "global_tid"})
     judged = _judge_windows(windows, placed, placed_calls, nvtx, rule, chosen, by_thread)
     numbered = _number_decode_steps(judged)
     step_of_window = numbered.select("key", "window", "step", "rank", "decode")
+    stepped = _with_steps(placed, step_of_window)
     return Steps(
         method=chosen,
         detail=detail,
         windows=numbered,
-        activities=_with_steps(placed, step_of_window),
+        activities=stepped,
         api_calls=_with_steps(placed_calls, step_of_window),
+        rule=rule,
+        launch_threads=launches_by_thread(stepped),
+    )
+
+
+def launches_by_thread(activities: pl.DataFrame) -> pl.DataFrame:
+    """Per decode step and launching thread (`tid`: the launching call's thread id as the
+    trace gives it): the GPU activities it launched, `rank, step, tid, launches`."""
+    return (
+        activities.lazy()
+        .filter(pl.col("decode").fill_null(False) & pl.col("api_tid").is_not_null())
+        .group_by("rank", "step", (pl.col("api_tid") % THREAD_ID_MODULUS).alias("tid"))
+        .agg(pl.len().cast(pl.Int64).alias("launches"))
+        .sort("rank", "step", "tid")
+        .collect()
     )
 
 
@@ -268,6 +292,30 @@ def _place(frame: pl.DataFrame, windows: pl.DataFrame, *, time_col: str, key_col
     return frame.select(original_columns).with_columns(keyed["key"], window)
 
 
+def _place_other_threads(placed: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
+    """Rows that no window of their own thread holds: the window of another thread of the same
+    process whose host time holds their launching call (`key` becomes that window's thread)."""
+    unplaced = placed.select(pl.col("window").is_null() & pl.col("api_start").is_not_null()).to_series()
+    if windows.height == 0 or not unplaced.any():
+        return placed
+    by_process = windows.select(pl.col("pid").alias("key"), pl.col("key").alias("thread"), "window",
+                                "host_start", "host_end")
+    positions = unplaced.arg_true()
+    candidates = placed.select("pid", "api_start")[positions].with_columns(positions.alias("_position"))
+    # `_place` by pid, over windows renumbered per process so that their (pid, window) is unique
+    numbered = by_process.sort("key", "host_start").with_columns(
+        pl.int_range(pl.len()).over("key").cast(pl.Int64).alias("_in_process"))
+    found = _place(candidates, numbered.select("key", pl.col("_in_process").alias("window"), "host_start", "host_end"),
+                   time_col="api_start", key_col="pid").filter(pl.col("window").is_not_null())
+    if found.height == 0:
+        return placed
+    owners = found.join(numbered.rename({"window": "_thread_window"}), left_on=["key", "window"],
+                        right_on=["key", "_in_process"], how="left")
+    key = placed["key"].clone().scatter(owners["_position"], owners["thread"])
+    window = placed["window"].clone().scatter(owners["_position"], owners["_thread_window"])
+    return placed.with_columns(key, window)
+
+
 def _with_steps(placed: pl.DataFrame, step_of_window: pl.DataFrame) -> pl.DataFrame:
     """`placed` plus the `step, rank, decode` of its window (null outside any window).
 
@@ -362,3 +410,16 @@ def _number_decode_steps(windows: pl.DataFrame) -> pl.DataFrame:
     ordered = windows.join(ranks, on="pid", how="left").sort("rank", "host_start")
     step = pl.when(pl.col("decode")).then(pl.col("decode").cast(pl.Int64).cum_sum().over("rank") - 1)
     return ordered.with_columns(step.otherwise(None).alias("step"))
+
+
+def launches_per_thread(launch_threads: pl.DataFrame | None) -> pl.DataFrame:
+    """Per rank and launching thread, over the decode steps: `rank, tid, steps, min, max, total`
+    (launches per step), most launches first."""
+    if launch_threads is None:
+        launch_threads = pl.DataFrame(schema={"rank": pl.Int64, "step": pl.Int64, "tid": pl.Int64, "launches": pl.Int64})
+    return (
+        launch_threads.group_by("rank", "tid")
+        .agg(pl.len().cast(pl.Int64).alias("steps"), pl.col("launches").min().alias("min"),
+             pl.col("launches").max().alias("max"), pl.col("launches").sum().alias("total"))
+        .sort(["rank", "total", "tid"], descending=[False, True, False])
+    )

@@ -15,6 +15,7 @@ import polars as pl
 
 from nsys_ledger import __version__
 from nsys_ledger.api import Result
+from nsys_ledger.attribution.steps import launches_per_thread
 from nsys_ledger.checks.layers import compact_layer_counts
 from nsys_ledger.checks.ledger import compact_ranges
 from nsys_ledger.report.timeline_json import step_timeline_fields, timeline_document
@@ -55,6 +56,7 @@ def result_document(result: Result) -> dict:
             "decode_steps": steps.decode.height,
             "excluded_steps": steps.excluded.height,
             "excluded_reasons": excluded_reasons,
+            "launch_threads": launches_per_thread(steps.launch_threads).to_dicts(),
         },
         "gap_threshold_ns": result.gap_threshold_ns,
         "steps": _steps(result),

@@ -10,6 +10,7 @@ import click
 import polars as pl
 
 from nsys_ledger.api import Result
+from nsys_ledger.attribution.steps import launches_per_thread
 from nsys_ledger.attribution.layers import inference_rule_text
 from nsys_ledger.attribution.kernel_names import gemm_shape_text
 from nsys_ledger.checks.coverage import FALLBACK, NO_OP, SPECIFIC
@@ -68,12 +69,31 @@ def _facts(result: Result) -> list[str]:
     ]
     if excluded_text:
         lines.append(f"excluded  {excluded_text}")
+    lines += _thread_lines(result)
     lines += _layer_lines(result)
     lines += _coverage_lines(result)
     lines += _file_lines(result)
     if result.expectations is not None:
         lines.append(f"ledger    {printable(result.expectations.name)} ({printable(result.expectations.path)})")
     return lines
+
+
+THREADS_SHOWN = 4
+
+
+def _thread_lines(result: Result) -> list[str]:
+    """Which threads launched the decode steps' GPU work, and how much per step."""
+    per_thread = launches_per_thread(result.steps.launch_threads)
+    if per_thread.height == 0:
+        return []
+    several_ranks = per_thread["rank"].n_unique() > 1
+    shown = [
+        f"{'rank ' + str(rank) + ' ' if several_ranks else ''}tid {tid}: "
+        + (f"{low}" if low == high else f"{low}-{high}")
+        for rank, tid, low, high in per_thread.head(THREADS_SHOWN).select("rank", "tid", "min", "max").iter_rows()
+    ]
+    more = f", +{per_thread.height - THREADS_SHOWN} more" if per_thread.height > THREADS_SHOWN else ""
+    return [f"threads   launches per step by thread: {', '.join(shown)}{more}"]
 
 
 LAYER_HOW_LABELS = {
