@@ -164,7 +164,7 @@ def check(
             activities,
             trace.api_calls,
             trace.nvtx,
-            expectations.steps if expectations else _default_step_rule(trace),
+            _step_rule(expectations, trace),
             step_nvtx=step_nvtx,
             method=step_method,
         )
@@ -196,6 +196,13 @@ def check(
         gaps=timeline.gaps, gap_threshold_ns=threshold_ns, outcomes=tuple(outcomes), notices=tuple(notices),
         timeline=timeline, ranks=ranks, batch=batch, layers=layers, coverage=coverage,
     )
+
+
+def _step_rule(expectations: Expectations | None, trace: Trace) -> StepRule:
+    """The ledger's step rule, or (no ledger, or `learn`'s first pass) the default for the trace."""
+    if expectations is None or expectations.steps.default_for_trace:
+        return _default_step_rule(trace)
+    return expectations.steps
 
 
 def _default_step_rule(trace: Trace) -> StepRule:

@@ -357,8 +357,8 @@ def learn(traces, out, base, tolerance, named_params, from_steps, step_nvtx, ste
         nsys-ledger learn healthy.sqlite --base expectations/glm-5.3-tp8-ep8.toml --out my-build.toml
         nsys-ledger check candidate.sqlite --expect my-build.toml
     """
-    from nsys_ledger.ledger import load_expectations, write_expectations
-    from nsys_ledger.learn import LearnError, LearnOptions, learn as learn_ledger
+    from nsys_ledger.ledger import load_expectations
+    from nsys_ledger.learn import LearnError, LearnOptions, learn as learn_ledger, write_learned_ledger
     from nsys_ledger.multifile import check_many
 
     target = _writable(out)
@@ -368,9 +368,9 @@ def learn(traces, out, base, tolerance, named_params, from_steps, step_nvtx, ste
     )
     try:
         ledger = learn_ledger(list(traces), options)
+        write_learned_ledger(ledger, target)
     except LearnError as error:
         _fail(str(error))
-    target.write_text(write_expectations(ledger), encoding="utf-8")
     classes = len(ledger.layer_classes)
     click.echo(f"learned {len(ledger.ops)} ops, {len(ledger.anchors)} anchors, {classes} layer classes, "
                f"total {ledger.total.describe()} kernels per step -> {printable(out)}")

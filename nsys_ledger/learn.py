@@ -13,16 +13,19 @@ traces, each a plain `check`:
 2. with those ops: per-step counts of every op, the total, H2D copies, graph launches, idle
    gaps and per-layer group counts, which become the anchors, ranges and layer classes.
 
-Every number gets a comment saying how it was observed; a count that varies across steps
-becomes a range, never an exact anchor.
+Every number gets a comment saying how it was observed; a count that varies across steps,
+or that was seen in fewer than MIN_STABLE_STEPS steps, becomes a range, never an exact anchor.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
 import re
+import tempfile
+import tomllib
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -33,6 +36,9 @@ from nsys_ledger.api import DEFAULT_GAP_THRESHOLD_NS, DEFAULT_STEP_RULE, Result
 from nsys_ledger.attribution.kernel_names import function_name, gemm_signature
 from nsys_ledger.attribution.layers import DEFAULT_LAYER_REGEX
 from nsys_ledger.attribution.ops import UNMATCHED_OP
+from nsys_ledger.errors import ExpectationsError
+from nsys_ledger.ledger.document import read_expectations, write_expectations
+from nsys_ledger.ledger.reading import LedgerReader
 from nsys_ledger.ledger.model import (
     Anchor,
     Expectations,
@@ -58,6 +64,9 @@ STEP_ENTRY_MARGIN = 1.5  # a learned step-entry gap may be this much longer than
 IMBALANCE_MARGIN = 1.25  # ... and the ranks' busy-time spread this much larger,
 IMBALANCE_FLOOR_PCT = 10  # but never below the shipped ledgers' 10%: a nearly even capture's 0.1% is noise
 MAX_OP_NAME = 48
+# A count is "stable" (an exact anchor) only when it is the same in at least this many decode
+# steps: one or two steps say nothing about how a count varies, so their counts stay ranges.
+MIN_STABLE_STEPS = 3
 
 
 @dataclass(frozen=True)
@@ -82,11 +91,42 @@ def learn(paths: Sequence[str | os.PathLike[str]], options: LearnOptions) -> Exp
     names = decode_kernel_names(first, options)
     provisional = provisional_ledger(first, learned_ops(names, options.base), options)
     second = check_many(list(paths), provisional, **check_options)
-    return final_ledger(provisional, second, options, [str(p) for p in paths])
+    ledger = final_ledger(provisional, second, options, [str(p) for p in paths])
+    learned_ledger_text(ledger)  # a ledger that cannot be read back is an error here, not in the next check
+    return ledger
 
 
 class LearnError(ValueError):
-    """The traces hold nothing to learn from (one line for the command line)."""
+    """The traces hold nothing to learn from, or the ledger learned from them does not hold
+    together (one line for the command line)."""
+
+
+def learned_ledger_text(ledger: Expectations) -> str:
+    """The ledger's TOML text, validated by reading it back as `check --expect` will (the same
+    checks as a hand-written ledger: known keys, formulas, layer classes within the total).
+    Raises LearnError naming the contradiction."""
+    text = write_expectations(ledger)
+    try:
+        read_expectations(LedgerReader("the learned ledger", text), tomllib.loads(text))
+    except (ExpectationsError, tomllib.TOMLDecodeError) as error:
+        raise LearnError(f"the learned ledger does not hold together, nothing written: {error}") from None
+    return text
+
+
+def write_learned_ledger(ledger: Expectations, path: str | os.PathLike[str]) -> None:
+    """Validate, then write `path` whole or not at all: a temporary file beside it, renamed over
+    it, so a failure leaves neither a partial ledger nor a stray file behind."""
+    text = learned_ledger_text(ledger)
+    target = os.fspath(path)
+    handle, temporary = tempfile.mkstemp(prefix=".learned-", suffix=".toml", dir=os.path.dirname(target) or ".")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write(text)
+        os.replace(temporary, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
 
 
 # ---- pass 1: kernel names into ops ---------------------------------------------------------
@@ -227,10 +267,10 @@ def _unique_name(name: str, used: set[str]) -> str:
 
 def bare_ledger(options: LearnOptions) -> Expectations:
     """Pass 1 without a base ledger: no op and nothing to check, but the layer regex and the
-    sub-module groups, so that kernels get their layer and group from layer-wise NVTX."""
-    steps = StepRule(method=options.step_method or ("nvtx" if options.step_nvtx else "auto"),
-                     nvtx_regex=options.step_nvtx, marker_regex=DEFAULT_STEP_RULE.marker_regex,
-                     exclude_nvtx_regex=None, exclude_ops=())
+    sub-module groups, so that kernels get their layer and group from layer-wise NVTX. Steps
+    are found exactly as `check` without a ledger finds them (with the same --step-nvtx and
+    --step-method): the default rule for the trace's kind."""
+    steps = dataclasses.replace(DEFAULT_STEP_RULE, default_for_trace=True)
     return Expectations(
         path="(learning)", name="learning", description="", params={}, ops={}, anchors=(), total=Range(None, None),
         total_hint_low=None, total_hint_high=None, steps=steps, gap_threshold_ns=DEFAULT_GAP_THRESHOLD_NS,
@@ -245,11 +285,7 @@ def provisional_ledger(first: Result, ops: dict[str, OpDef], options: LearnOptio
     base = options.base
     if base is None:
         bare = bare_ledger(options)
-        steps = dataclasses.replace(
-            bare.steps,
-            method=options.step_method or ("nvtx" if options.step_nvtx else first.steps.method),
-            marker_regex=DEFAULT_STEP_RULE.marker_regex if first.steps.method in ("graph", "marker") else None,
-        )
+        steps = _learned_step_rule(first, options)
         return dataclasses.replace(
             bare, path="(learned)", name=options.name or "learned", ops=ops, steps=steps,
             gap_threshold_ns=first.gap_threshold_ns, layer_rule=LayerRule(modules=_modules_of(ops)),
@@ -261,6 +297,19 @@ def provisional_ledger(first: Result, ops: dict[str, OpDef], options: LearnOptio
         base, ops=ops, anchors=(), total=Range(None, None), layer_classes=(), written=params_written,
         comments={}, h2d=H2DRule(Range(None, None), None, True), graph_launches_per_step=None,
     )
+
+
+def _learned_step_rule(first: Result, options: LearnOptions) -> StepRule:
+    """The rule pass 1 found its steps with, pinned to the method it chose: the learned ledger
+    finds the same steps in the same traces."""
+    rule = first.steps.rule or DEFAULT_STEP_RULE
+    used = dataclasses.replace(rule, method=first.steps.method, default_for_trace=False,
+                               nvtx_regex=options.step_nvtx or rule.nvtx_regex)
+    if used.method in ("nvtx", "capture"):
+        used = dataclasses.replace(used, marker_regex=None)
+    if used.method != "nvtx":
+        used = dataclasses.replace(used, nvtx_regex=None)
+    return used
 
 
 def _modules_of(ops: dict[str, OpDef]) -> dict[str, tuple[str, ...]]:
@@ -298,7 +347,8 @@ def final_ledger(provisional: Expectations, result: Result, options: LearnOption
             hint_high=base_anchor.hint_high if base_anchor else None,
         ))
         written |= anchor_written
-        comments[f"anchors.{op}.expected" if low == high else f"anchors.{op}.min"] = comment
+        exact = f"anchors.{op}.expected" in anchor_written
+        comments[f"anchors.{op}.expected" if exact else f"anchors.{op}.min"] = comment
 
     kernels = table["kernels"]
     total = Range(max(0, int(kernels.min()) - options.tolerance), int(kernels.max()) + options.tolerance)
@@ -343,8 +393,15 @@ def final_ledger(provisional: Expectations, result: Result, options: LearnOption
 def _observed(values: pl.Series, steps: int, what: str) -> str:
     low, high = values.min(), values.max()
     if low == high:
-        return f"observed {low} {what} in each of {steps} decode steps (stable)"
+        return f"observed {low} {what} in each of {steps} decode steps {_stability(steps)}"
     return f"observed {low}-{high} {what} over {steps} decode steps (unstable: a range)"
+
+
+def _stability(steps: int) -> str:
+    """'(stable)' for a count seen equal in enough steps, else why it is not called stable."""
+    if steps >= MIN_STABLE_STEPS:
+        return "(stable)"
+    return f"(too few steps to call it stable: {MIN_STABLE_STEPS} or more needed)"
 
 
 def _formula_candidates(params: dict[str, float], options: LearnOptions) -> list[tuple[str, int]]:
@@ -371,7 +428,7 @@ def _learned_count(key: str, low: int, high: int, steps: int, candidates: list[t
     """An anchor for a count seen as `low`-`high`: exact (with --tolerance) when stable, else
     a min/max range; its written keys and its comment."""
     tolerance = options.tolerance
-    if low == high:
+    if low == high and steps >= MIN_STABLE_STEPS:
         formula = _formula(low, candidates)
         expected = formula or str(low)
         written: dict[str, object] = {f"{key}.expected": formula or low}
@@ -382,7 +439,11 @@ def _learned_count(key: str, low: int, high: int, steps: int, candidates: list[t
         return Anchor(op="", formula=shown, expected=Range(max(0, low - tolerance), low + tolerance),
                       hint_low=None, hint_high=None, source=key), written, comment
     lo, hi = max(0, low - tolerance), high + tolerance
-    comment = f"observed {low}-{high} over {steps} decode steps (unstable: a range, not an anchor value)"
+    if low == high:
+        comment = (f"observed {low} in each of {steps} decode steps {_stability(steps)}: "
+                   "a range, not an anchor value")
+    else:
+        comment = f"observed {low}-{high} over {steps} decode steps (unstable: a range, not an anchor value)"
     return (Anchor(op="", formula=f"min {lo}, max {hi}", expected=Range(lo, hi), hint_low=None, hint_high=None,
                    source=key), {f"{key}.min": lo, f"{key}.max": hi}, comment)
 
@@ -482,7 +543,7 @@ def layer_classes(result: Result, options: LearnOptions) -> tuple[tuple[LayerCla
         unstable = [g for g, low, high in key if low != high]
         comments[f"layers.classes.{name}.groups"] = (
             f"{len(layers)} layers launch these per group in each of {steps} decode steps"
-            + (f"; varies across steps: {', '.join(unstable)}" if unstable else " (stable)"))
+            + (f"; varies across steps: {', '.join(unstable)}" if unstable else f" {_stability(steps)}"))
     return tuple(classes), comments
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 import subprocess
 import sys
@@ -11,7 +12,8 @@ import pytest
 from finding_sets import failures
 
 import nsys_ledger
-from nsys_ledger.learn import LearnOptions, learn
+from nsys_ledger.learn import LearnError, LearnOptions, learn, write_learned_ledger
+from nsys_ledger.ledger.model import Range
 from nsys_ledger.ledger import load_expectations, write_expectations
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -165,3 +167,51 @@ def test_learned_rank_spread_is_never_tighter_than_ten_percent(tmp_path):
     result = nsys_ledger.check(NSYS_AI, ledger, step_method="capture")
     assert result.ranks.imbalance_pct < 1
     assert ledger.rank_imbalance_pct == 10
+
+
+EVERY_TRACE = sorted(SAMPLES.glob("*.sqlite")) + sorted(SAMPLES.glob("*.json.gz")) + (
+    sorted(REAL.glob("*.sqlite")) + sorted((REAL / "kineto").glob("*.json.gz")) if REAL.is_dir() else [])
+
+
+@pytest.mark.parametrize("trace", EVERY_TRACE, ids=lambda p: p.name)
+def test_learn_without_options_finds_checks_steps_and_its_ledger_passes(tmp_path, trace):
+    """`learn` finds steps exactly as `check` without a ledger does: where check finds decode
+    steps, learn succeeds, and its ledger passes the trace it came from on the same steps."""
+    plain = nsys_ledger.check(trace)
+    if plain.step_table.height == 0:
+        with pytest.raises(LearnError, match="no decode step found"):
+            learn([trace], LearnOptions())
+        return
+    ledger = load_expectations(_learned(tmp_path, trace))
+    result = nsys_ledger.check(trace, ledger)
+    assert result.verdict == "pass", [f.message for f in result.findings]
+    assert result.steps.method == plain.steps.method
+    assert result.step_table.select("rank", "step", "kernels").rows() == plain.step_table.select(
+        "rank", "step", "kernels").rows()
+
+
+def test_a_contradictory_learned_ledger_is_refused_and_nothing_is_written(tmp_path, from_healthy):
+    """The layer classes need 1965 kernels per step; a total of at most 8 contradicts them:
+    validated before writing, the ledger is refused in one line and no file is left."""
+    ledger = dataclasses.replace(load_expectations(from_healthy), total=Range(0, 8))
+    target = tmp_path / "out" / "learned.toml"
+    target.parent.mkdir()
+    with pytest.raises(LearnError) as refused:
+        write_learned_ledger(ledger, target)
+    message = str(refused.value)
+    assert "\n" not in message and message.startswith("the learned ledger does not hold together, nothing written")
+    assert "the total allows at most 8" in message
+    assert list(target.parent.iterdir()) == []
+
+
+def test_counts_seen_in_fewer_than_three_steps_are_ranges_not_stable_anchors(tmp_path):
+    """Two decode steps show a count once each: not enough to call it stable."""
+    ledger_path = _learned(tmp_path, SAMPLES / "glm5-graph-healthy.sqlite", base=load_expectations(GLM),
+                           from_steps=(0, 1))
+    ledger = load_expectations(ledger_path)
+    text = ledger_path.read_text()
+    rms = next(a for a in ledger.anchors if a.op == "fused_add_rmsnorm")
+    assert (rms.formula, rms.expected.low, rms.expected.high) == ("min 156, max 156", 156, 156)
+    assert "(stable)" not in text
+    assert "observed 156 in each of 2 decode steps (too few steps to call it stable: 3 or more needed)" in text
+    assert nsys_ledger.check(SAMPLES / "glm5-graph-healthy.sqlite", ledger).verdict == "pass"

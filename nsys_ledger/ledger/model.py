@@ -101,6 +101,9 @@ class StepRule:
     exclude_ops: tuple[str, ...]  # a step containing any kernel of these ops is not decode
     source: str = "steps"
     marker_op: str | None = None  # the op whose patterns gave marker_regex ([steps] marker_op), if so
+    # never read from or written to a ledger: `learn`'s first pass finds steps exactly as `check`
+    # without a ledger does, with the default rule for the trace's kind (api._default_step_rule)
+    default_for_trace: bool = False
 
 
 @dataclass(frozen=True)
