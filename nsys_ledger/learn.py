@@ -67,6 +67,8 @@ MAX_OP_NAME = 48
 # A count is "stable" (an exact anchor) only when it is the same in at least this many decode
 # steps: one or two steps say nothing about how a count varies, so their counts stay ranges.
 MIN_STABLE_STEPS = 3
+GAP_QUANTILE = 0.99  # the learned gap threshold: this quantile of the known-good gaps (longest left out) ...
+GAP_MARGIN = 2.0  # ... times this margin
 
 
 @dataclass(frozen=True)
@@ -361,7 +363,7 @@ def final_ledger(provisional: Expectations, result: Result, options: LearnOption
         launches = table["graph_launches"]
         graphs = Range(int(launches.min()), int(launches.max()))
         comments["graphs.launches_per_step"] = _observed(launches, steps, "graph launches per step")
-    threshold_ns, step_entry, gap_comments = _learned_gaps(provisional, result, options)
+    threshold_ns, gaps_allowed, step_entry, gap_comments = _learned_gaps(provisional, result, options)
     comments |= gap_comments
     imbalance, rank_comments = _learned_imbalance(provisional, result)
     comments |= rank_comments
@@ -379,6 +381,7 @@ def final_ledger(provisional: Expectations, result: Result, options: LearnOption
         total_hint_low=base.total_hint_low if base else None,
         total_hint_high=base.total_hint_high if base else None,
         gap_threshold_ns=threshold_ns,
+        gaps_allowed_per_step=gaps_allowed,
         step_entry_gaps=step_entry,
         rank_imbalance_pct=imbalance,
         h2d=h2d,
@@ -464,21 +467,42 @@ def _learned_h2d(table: pl.DataFrame, steps: int, options: LearnOptions) -> tupl
 
 
 def _learned_gaps(provisional: Expectations, result: Result, options: LearnOptions
-                  ) -> tuple[int, StepEntryGaps | None, dict[str, str]]:
-    """The gap threshold (the base's, raised above the longest gap a healthy step shows) and
-    the step-entry allowance (the launch gaps seen at graph replays' entries)."""
+                  ) -> tuple[int, int, StepEntryGaps | None, dict[str, str]]:
+    """The gap threshold, the gaps beyond it a step may show, and the step-entry allowance (the
+    launch gaps seen at graph replays' entries).
+
+    The threshold comes from the healthy gap distribution, never from the worst gap: GAP_MARGIN
+    times the GAP_QUANTILE quantile of the idle gaps above the base threshold inside the known-
+    good steps, the longest one left out. The known-good gaps beyond it (outliers: a profiler
+    start, a one-off stall) are counted, and a step may show as many as the worst known-good
+    step did (`allowed_per_step`), so the ledger passes the capture it came from while a longer
+    stall than the healthy ones is still counted against every step."""
     gaps = _in_steps(result.gaps, options)
-    threshold = provisional.gap_threshold_ns
+    base = provisional.gap_threshold_ns
+    threshold, allowed = base, 0
     comments = {}
     launch = gaps.filter(pl.col("cause") == "launch")
     inside = gaps.filter(pl.col("cause") != "launch")
     if inside.height:
-        longest = int(inside["duration"].max())
-        threshold = max(threshold, int(math.ceil((longest + 1) / 1000)) * 1000)
-        comments["gaps.threshold_us"] = (
-            f"raised from {provisional.gap_threshold_ns / 1000:g} us: the known-good steps idle up to "
-            f"{longest / 1000:.1f} us ({inside.height} gaps above {provisional.gap_threshold_ns / 1000:g} us, "
-            f"causes {', '.join(sorted(set(inside['cause'])))}); a longer gap fails")
+        durations = inside["duration"].sort()
+        typical = int(durations[:-1].quantile(GAP_QUANTILE, "lower")) if len(durations) > 1 else None
+        if typical is not None:
+            threshold = max(base, int(math.ceil(typical * GAP_MARGIN / 1000)) * 1000)
+        beyond = inside.filter(pl.col("duration") > threshold)
+        allowed = int(beyond.group_by(STEP_KEY).len()["len"].max()) if beyond.height else 0
+        seen = (f"{inside.height} idle gaps above {base / 1000:g} us inside the known-good steps "
+                f"(causes {', '.join(sorted(set(inside['cause'])))})")
+        if typical is None:
+            comments["gaps.threshold_us"] = f"kept: only one gap to learn from ({seen})"
+        else:
+            comments["gaps.threshold_us"] = (
+                f"x{GAP_MARGIN:g} the {GAP_QUANTILE * 100:g}th percentile of the {seen}, the longest left out: "
+                f"{typical / 1000:.1f} us")
+        if allowed:
+            comments["gaps.allowed_per_step"] = (
+                f"{beyond.height} known-good gap(s) beyond the threshold (the longest "
+                f"{int(beyond['duration'].max()) / 1000:.1f} us, {', '.join(sorted(set(beyond['cause'])))}); "
+                f"at most {allowed} in one step")
     else:
         comments["gaps.threshold_us"] = f"no idle gap above {threshold / 1000:g} us inside the known-good steps"
     step_entry = provisional.step_entry_gaps
@@ -491,7 +515,7 @@ def _learned_gaps(provisional: Expectations, result: Result, options: LearnOptio
         step_entry = StepEntryGaps(per_launch=int(per_launch), max_ns=int(math.ceil(longest * STEP_ENTRY_MARGIN / 1000)) * 1000)
         comments["gaps.step_entry_max_us"] = (
             f"the longest step-entry launch gap observed: {longest / 1000:.1f} us (x{STEP_ENTRY_MARGIN:g})")
-    return threshold, step_entry, comments
+    return threshold, allowed, step_entry, comments
 
 
 def _learned_imbalance(provisional: Expectations, result: Result) -> tuple[float | None, dict[str, str]]:

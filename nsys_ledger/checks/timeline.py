@@ -170,7 +170,7 @@ def timeline_outcomes(
     outcomes = [_h2d_outcome(expectations, table, timeline)]
     if expectations.graph_launches_per_step is not None and step_method == "graph":
         outcomes.append(_graph_outcome(expectations.graph_launches_per_step, table, timeline))
-    outcomes.append(_gap_outcome(table, timeline))
+    outcomes.append(_gap_outcome(table, timeline, expectations.gaps_allowed_per_step))
     if ranks is not None and expectations.rank_imbalance_pct is not None:
         outcomes.append(_rank_outcome(expectations.rank_imbalance_pct, ranks))
     return outcomes
@@ -244,18 +244,22 @@ def _graph_outcome(expected: Range, table: pl.DataFrame, timeline: Timeline) -> 
     return _outcome("graph launches per step", source, expected.describe(), table["graph_launches"], findings)
 
 
-def _gap_outcome(table: pl.DataFrame, timeline: Timeline) -> CheckOutcome:
+def _gap_outcome(table: pl.DataFrame, timeline: Timeline, allowed: int = 0) -> CheckOutcome:
+    """A step fails with more gaps above the threshold than `allowed` ([gaps] allowed_per_step)."""
     threshold = timeline.threshold_ns
     name = f"gaps above {threshold / 1000:g} us"
+    expected = f"at most {allowed}" if allowed else "0"
+    failing = table.filter(pl.col("gaps") > allowed)
     gaps = timeline.gaps.filter(~pl.col("step_entry"))
+    if allowed:
+        gaps = gaps.join(failing.select("rank", "step"), on=["rank", "step"], how="semi")
     if gaps.height == 0:
         observed = _span(table["gaps"]) if table.height else "-"
         entry = timeline.gaps.filter(pl.col("step_entry"))
         if entry.height:  # the allowed launch waits are part of the picture: say what they were
             observed += (f" (+{_span(table['step_entry_gaps'])} launch gap at entry, "
                          f"{entry['duration'].min() / 1000:.1f}-{entry['duration'].max() / 1000:.1f} us)")
-        return CheckOutcome(name, "gaps.threshold_us", "0", observed, ())
-    failing = table.filter(pl.col("gaps") > 0)
+        return CheckOutcome(name, "gaps.threshold_us", expected, observed, ())
     worst = gaps.sort(["duration", "rank", "step", "start"], descending=[True, False, False, False]).row(0, named=True)
     steps_text = describe_steps(failing)
     observed = _span(failing["gaps"])
@@ -268,9 +272,9 @@ def _gap_outcome(table: pl.DataFrame, timeline: Timeline) -> CheckOutcome:
     )
     finding = Finding(
         check="gaps", subject="gaps", source="gaps.threshold_us", message=message, steps=steps_text,
-        failing_steps=failing.height, observed=observed, expected="0", hint=_gap_hint(gaps),
+        failing_steps=failing.height, observed=observed, expected=expected, hint=_gap_hint(gaps),
     )
-    return _outcome(name, "gaps.threshold_us", "0", table["gaps"], [finding])
+    return _outcome(name, "gaps.threshold_us", expected, table["gaps"], [finding])
 
 
 def describe_causes(gaps: pl.DataFrame) -> str:

@@ -30,9 +30,12 @@ The layout (every table but ``[model]`` and ``[ops]`` may be left out):
 [anchors.OP]  expected = RANGE, tolerance = N | tolerance_pct = P   (or min = F, max = F)
               hint_low = "...", hint_high = "..."
 [total]    same keys as an anchor: kernels per step
-[gaps]     threshold_us = 2, step_entry_per_launch = N, step_entry_max_us = F
+[gaps]     threshold_us = 2, step_entry_per_launch = N, step_entry_max_us = F, allowed_per_step = N
            (a graph-mode step may start with N idle gaps per graph launch, each at most F µs:
-           the GPU waits for the host's cudaGraphLaunch; gaps inside the replay stay findings)
+           the GPU waits for the host's cudaGraphLaunch; gaps inside the replay stay findings;
+           allowed_per_step: a step fails only with more gaps above the threshold than this,
+           default 0; `learn` writes it when a known-good capture shows gaps beyond its
+           healthy distribution)
 [h2d]      per_step = RANGE, max_bytes = N, pageable_allowed = false
 [graphs]   launches_per_step = RANGE
 [ranks]    max_imbalance_pct = P   (busy time of the slowest rank over the least busy one)

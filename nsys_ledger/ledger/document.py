@@ -19,6 +19,7 @@ from nsys_ledger.ledger.sections.params import batch_of, read_params, write_para
 from nsys_ledger.ledger.sections.steps import read_steps, write_steps
 from nsys_ledger.ledger.sections.timeline import (
     read_gaps,
+    read_gaps_allowed,
     read_graphs,
     read_h2d,
     read_ranks,
@@ -68,6 +69,7 @@ def read_expectations(reader: LedgerReader, doc: dict[str, Any]) -> Expectations
         layer_rule=layer_rule,
         rank_imbalance_pct=rank_imbalance_pct,
         step_entry_gaps=step_entry_gaps,
+        gaps_allowed_per_step=read_gaps_allowed(reader, doc),
         written=dict(reader.written),
     )
 

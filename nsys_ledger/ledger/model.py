@@ -183,6 +183,7 @@ class Expectations:
     layer_rule: LayerRule = field(default_factory=LayerRule)  # the rest of [layers]
     rank_imbalance_pct: float | None = None  # [ranks] max_imbalance_pct; None: not checked
     step_entry_gaps: StepEntryGaps | None = None  # [gaps] step_entry_per_launch; None: none allowed
+    gaps_allowed_per_step: int = 0  # [gaps] allowed_per_step: gaps above the threshold a step may show
     # Every number, range and layer list exactly as the file wrote it (formulas, "a-b", tables),
     # by dotted TOML key (``params.moe_layers``, ``anchors.sparse_mla.expected``,
     # ``ops.o_proj.gemm``, ``layers.classes.moe.groups``): the writer puts these back instead of

@@ -15,7 +15,7 @@ from nsys_ledger.ledger.writing import LedgerWriter, range_value
 
 DEFAULT_GAP_US = 2.0  # the seed's threshold
 DEFAULT_H2D = H2DRule(Range(None, None), None, True)  # no [h2d]: any copies
-GAPS_KEYS = ("threshold_us", "step_entry_per_launch", "step_entry_max_us")
+GAPS_KEYS = ("threshold_us", "step_entry_per_launch", "step_entry_max_us", "allowed_per_step")
 H2D_KEYS = ("per_step", "max_bytes", "pageable_allowed")
 GRAPHS_KEYS = ("launches_per_step",)
 RANKS_KEYS = ("max_imbalance_pct",)
@@ -32,6 +32,18 @@ def _us(ns: int) -> int | float:
 def read_gaps(reader: LedgerReader, doc: dict[str, Any]) -> tuple[int, StepEntryGaps | None]:
     """(gap threshold in ns, the step-entry gaps a graph launch may cause)."""
     return read_gap_threshold(reader, doc), read_step_entry_gaps(reader, doc)
+
+
+def read_gaps_allowed(reader: LedgerReader, doc: dict[str, Any]) -> int:
+    """[gaps] allowed_per_step: gaps above the threshold a step may have (default 0)."""
+    table = reader.table(doc, "gaps", "gaps") or {}
+    if "allowed_per_step" not in table:
+        return 0
+    reader.keep("gaps.allowed_per_step", table["allowed_per_step"])
+    allowed = reader.whole(table["allowed_per_step"], "gaps.allowed_per_step")
+    if allowed < 0:
+        raise reader.fail("gaps.allowed_per_step", f"must be 0 or more, got {allowed}")
+    return allowed
 
 
 def read_gap_threshold(reader: LedgerReader, doc: dict[str, Any]) -> int:
@@ -67,7 +79,7 @@ def read_step_entry_gaps(reader: LedgerReader, doc: dict[str, Any]) -> StepEntry
 
 
 def write_gaps(out: LedgerWriter, exp: Expectations) -> None:
-    default = exp.gap_threshold_ns == int(DEFAULT_GAP_US * 1000)
+    default = exp.gap_threshold_ns == int(DEFAULT_GAP_US * 1000) and not exp.gaps_allowed_per_step
     if default and exp.step_entry_gaps is None and not (out.has("gaps.threshold_us") or out.commented("gaps")):
         return
     out.table("gaps")
@@ -83,6 +95,8 @@ def write_gaps(out: LedgerWriter, exp: Expectations) -> None:
                   out.as_written(key, entry.per_launch, lambda raw: out.reader.whole(raw, key), entry.per_launch))
         if entry.max_ns is not None:
             out.value("gaps", "step_entry_max_us", microseconds("gaps.step_entry_max_us", entry.max_ns))
+    if exp.gaps_allowed_per_step:
+        out.value("gaps", "allowed_per_step", exp.gaps_allowed_per_step)
 
 
 # ---- [h2d] ------------------------------------------------------------------------------
