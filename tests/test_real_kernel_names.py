@@ -10,6 +10,7 @@ with the reason, so a change in what maps is a visible decision.
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 import os
 import re
@@ -169,3 +170,65 @@ def test_expectations_match_command():
     assert [d["op"] for d in docs] == ["qkv_a_proj", "fused_add_rmsnorm", "cublas_gemm", None]
     assert [d["matched_by"] for d in docs] == ["gemm", "pattern", "pattern", "none"]
     assert docs[2]["fallback"] is True
+
+
+SHARED = TSV.parent.parent
+B200 = SHARED / "real_traces" / "kineto" / "AMD-AGI__TraceLens__b200_eager_trace.json.gz"
+LEDGERS = sorted((REPO / "expectations").glob("*.toml"))
+
+# Names of real builds the ledgers did not know, as the demangler prints them; each from the
+# kernel's definition in its project's source (file named), with the template arguments of
+# its launch there.
+FROM_SOURCE = {
+    # FlashMLA's first release (and the builds vendoring it, e.g. vLLM's): csrc/flash_fwd_mla_kernel.h,
+    # flash::flash_fwd_splitkv_mla_combine_kernel<Kernel_traits, kMaxSplits>
+    "void flash::flash_fwd_splitkv_mla_combine_kernel<Flash_fwd_kernel_traits_mla<576, 64, 64, 8, "
+    "cutlass::bfloat16_t, 512>, 32>(Flash_fwd_mla_params)": "mla_combine",
+    # FlashMLA today: csrc/cuda_kernels/smxx/decode/combine/combine.cu (sparse decode split-KV combine)
+    "void smxx::decode::flash_fwd_mla_combine_kernel<cutlass::bfloat16_t, 512, 8, 32, 256, false>"
+    "(SparseAttnDecodeParams)": "mla_combine",
+    # PyTorch symmetric memory (vLLM's symm-mem all-reduce):
+    # torch/csrc/distributed/c10d/symm_mem/CUDASymmetricMemoryOps.cu
+    "void (anonymous namespace)::multimem_one_shot_all_reduce_kernel<c10::BFloat16, 16>(c10::BFloat16*, "
+    "c10::BFloat16*, unsigned long, unsigned int**, unsigned long, unsigned long)": "allreduce",
+    "void (anonymous namespace)::one_shot_all_reduce_kernel<c10::BFloat16, 16, 8>(c10::BFloat16**, "
+    "c10::BFloat16*, c10::BFloat16*, unsigned long, unsigned long, unsigned int**, unsigned long, "
+    "unsigned long)": "allreduce",
+    "void (anonymous namespace)::two_shot_all_reduce_kernel_inplace<c10::BFloat16, 16, 8>(c10::BFloat16**, "
+    "unsigned long, unsigned long, unsigned int**, unsigned long, unsigned long)": "allreduce",
+}
+
+
+@pytest.mark.parametrize("ledger", LEDGERS, ids=lambda p: p.stem)
+def test_flashmla_combine_and_symmetric_memory_all_reduce_names_from_their_sources(ledger):
+    classifier = OpClassifier(load_expectations(ledger))
+    assert {name: classifier.classify(name).op for name in FROM_SOURCE} == FROM_SOURCE
+
+
+@pytest.mark.skipif(not B200.is_file(), reason=f"no real Kineto traces at {B200.parent}")
+@pytest.mark.parametrize("ledger", LEDGERS, ids=lambda p: p.stem)
+def test_pytorch_symmetric_memory_all_reduce_of_a_real_vllm_b200_trace(ledger):
+    """vLLM on B200 (TP8) all-reduces through PyTorch's multimem kernel: every all-reduce
+    kernel of the trace, counted in the JSON, is the ledger's allreduce, and nothing else is."""
+    events = json.loads(gzip.decompress(B200.read_bytes()))["traceEvents"]
+    names = [e["name"] for e in events if e.get("cat") == "kernel"]
+    all_reduce = [n for n in names if re.search(r"all_?reduce", n, re.IGNORECASE)]
+    assert len(all_reduce) == 73
+    assert {function_name(n) for n in all_reduce} == {"multimem_all_reduce_kernel"}
+    classifier = OpClassifier(load_expectations(ledger))
+    ops = {name: classifier.classify(name).op for name in set(names)}
+    assert sum(ops[n] == "allreduce" for n in names) == 73
+
+
+@pytest.mark.parametrize("ledger", LEDGERS, ids=lambda p: p.stem)
+def test_inductor_rms_norm_reduction_is_not_moe_sum(ledger):
+    """vLLM under torch.compile: the RMSNorm is an Inductor reduction named after what it fused
+    (the name below is quoted by the shared reference); only a fused `sum` is moe_sum."""
+    reference = (TSV.parent / "real-kernel-names.md")
+    if not reference.is_file():
+        pytest.skip(f"{reference} not present (shared reference files)")
+    rms_norm = "triton_red_fused__to_copy_embedding_rms_norm_0"
+    assert f"`{rms_norm}`" in reference.read_text()
+    classifier = OpClassifier(load_expectations(ledger))
+    assert classifier.classify(rms_norm).op != "moe_sum"
+    assert classifier.classify("moe_sum_reduce_kernel").op == "moe_sum"
