@@ -88,14 +88,24 @@ def learn(paths: Sequence[str | os.PathLike[str]], options: LearnOptions) -> Exp
     check_options = {"step_nvtx": options.step_nvtx, "step_method": options.step_method, "gap_us": options.gap_us}
     first = check_many(list(paths), options.base or bare_ledger(options), keep_events=True, **check_options)
     if first.step_table.height == 0:
-        raise LearnError(f"no decode step found in {', '.join(map(str, paths))} ({first.steps.detail}): "
-                         "give --step-nvtx REGEX, --step-method capture, or a --base ledger that finds them")
+        raise LearnError(f"no decode step found in {', '.join(map(str, paths))} ({first.steps.detail}"
+                         f"{_excluded_text(first)}): give --step-nvtx REGEX, --step-method capture, or a --base "
+                         "ledger that finds them")
     names = decode_kernel_names(first, options)
     provisional = provisional_ledger(first, learned_ops(names, options.base), options)
     second = check_many(list(paths), provisional, **check_options)
     ledger = final_ledger(provisional, second, options, [str(p) for p in paths])
     learned_ledger_text(ledger)  # a ledger that cannot be read back is an error here, not in the next check
     return ledger
+
+
+def _excluded_text(result: Result) -> str:
+    """'; 1 window excluded: inside NVTX range ... (not decode)': why the windows found are not steps."""
+    excluded = result.steps.excluded
+    if excluded.height == 0:
+        return ""
+    reasons = sorted(set(excluded["reason"].drop_nulls()))
+    return f"; {excluded.height} window(s) excluded: {'; '.join(reasons)}"
 
 
 class LearnError(ValueError):

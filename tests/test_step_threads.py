@@ -72,6 +72,21 @@ def test_a_step_range_collects_the_launches_of_another_thread():
     assert summary == [(2, 2, 2, 3, 5), (1, 2, 1, 1, 2)]
 
 
+def test_a_step_range_timed_on_the_gpu_collects_nothing():
+    """A profiler's GPU-side copy of a step annotation (GPU times, on a stream's pseudo thread)
+    is no window: the worker's launch at 450, inside its GPU time, stays outside every step."""
+    activities, api_calls, nvtx = _two_thread_frames()
+    nvtx = nvtx.with_columns(pl.lit(None, pl.Utf8).alias("domain"))
+    gpu_copy = pl.DataFrame(
+        {"name": ["step"], "pid": [7], "global_tid": [(7 << 24) + 99], "end_global_tid": [None], "start": [420],
+         "end": [480], "domain": ["gpu_user_annotation"]},
+        schema=nvtx.schema,
+    )
+    steps = find_steps(activities, api_calls, pl.concat([nvtx, gpu_copy]), STEP_RULE)
+    assert steps.activities.sort("row")["step"].to_list() == [0, 0, 0, 1, 1, 1, 1, None, None]
+    assert steps.windows.height == 2
+
+
 def test_a_launch_on_the_ranges_own_thread_stays_with_its_range():
     """Two threads with overlapping step ranges: each keeps its own launches (projection rule);
     a third thread's launch inside both goes to the range that started last."""

@@ -36,6 +36,7 @@ import polars as pl
 
 from nsys_ledger.frames import group_agg, left_join_keys
 from nsys_ledger.ledger.model import StepRule
+from nsys_ledger.trace.kineto_reader import GPU_RANGE_CATS
 
 NO_TIME_BEFORE = -(2**62)
 NO_TIME_AFTER = 2**62
@@ -251,9 +252,16 @@ def _windows_from_cuts(cuts: pl.DataFrame, *, left_closed: bool) -> pl.DataFrame
 
 
 def _nvtx_windows(nvtx: pl.DataFrame, regex: str) -> pl.DataFrame:
-    """Each matching range on its own thread is a window (ranges still open are incomplete)."""
+    """Each matching range on its own thread is a window (ranges still open are incomplete).
+
+    Ranges timed on the GPU (a PyTorch profiler's `gpu_user_annotation` copy of each host
+    annotation) are not windows: their times are GPU times, and a window gathers launch calls
+    by host time from every thread of the process."""
+    host_ranges = ~pl.col("domain").is_in(list(GPU_RANGE_CATS)).fill_null(False) if "domain" in nvtx.columns \
+        else pl.lit(True)
     matching = nvtx.filter(
         pl.col("name").str.contains(regex)
+        & host_ranges
         & (pl.col("end_global_tid").is_null() | (pl.col("end_global_tid") == pl.col("global_tid")))
     ).sort("global_tid", "start")
     return matching.select(
