@@ -82,8 +82,8 @@ def test_ops_added_removed_moved_and_changed(tmp_path):
          "[ops.cublas_gemm]\ngroup = \"attention\"\ndescription = \"generic GEMM\"\n"),
     )
     assert lines(GLM, edited) == [
-        "- ops.moe_sum: group ffn, 'moe_sum', 'triton_(?:red|per)_fused'",
-        "+ ops.shared_add: group ffn, 'moe_sum', 'triton_(?:red|per)_fused'",
+        "- ops.moe_sum: group ffn, 'moe_sum', 'triton_(?:red|per)_fused_(?:\\w+_)?sum_'",
+        "+ ops.shared_add: group ffn, 'moe_sum', 'triton_(?:red|per)_fused_(?:\\w+_)?sum_'",
         "- ops.q_b_proj.gemm: normal GEMM N=2048 K=2048",
         "+ ops.q_b_proj.gemm: normal GEMM N=2048 K=1536",
         "~ ops.rope.group: attention -> rotary",
