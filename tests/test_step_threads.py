@@ -12,6 +12,7 @@ import gzip
 import json
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 import click
 import polars as pl
@@ -21,6 +22,7 @@ from nsys_ledger.api import check
 from nsys_ledger.attribution.steps import find_steps, launches_per_thread
 from nsys_ledger.ledger.model import StepRule
 from nsys_ledger.report.json_report import result_document
+from nsys_ledger.report import terminal
 from nsys_ledger.report.terminal import render
 
 KINETO = Path(__file__).resolve().parents[1].parent / "shared" / "real_traces" / "kineto"
@@ -142,3 +144,15 @@ def test_profiler_steps_of_a_real_training_trace_count_the_autograd_threads_kern
     ]
     terminal = click.unstyle(render(result))
     assert "threads   launches per step by thread: tid 2919752: 791, tid 2910249: 467" in terminal
+
+
+def test_the_threads_line_fits_80_columns():
+    """Nine launching threads: as many as fit in 80 columns, then how many more."""
+    launch_threads = pl.DataFrame(
+        {"rank": [0] * 9, "step": [0] * 9, "tid": list(range(1000001, 1000010)), "launches": list(range(100, 109))})
+    result = SimpleNamespace(steps=SimpleNamespace(launch_threads=launch_threads))
+    [line] = terminal._thread_lines(result)
+    assert line == "threads   launches per step by thread: tid 1000009: 108, +8 more"
+    two = SimpleNamespace(steps=SimpleNamespace(launch_threads=launch_threads.head(2)))
+    assert terminal._thread_lines(two) == [
+        "threads   launches per step by thread: tid 1000002: 101, tid 1000001: 100"]

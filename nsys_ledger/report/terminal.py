@@ -78,7 +78,7 @@ def _facts(result: Result) -> list[str]:
     return lines
 
 
-THREADS_SHOWN = 4
+THREAD_LINE_WIDTH = 80  # the threads line lists as many threads as fit, then "+N more"
 
 
 def _thread_lines(result: Result) -> list[str]:
@@ -87,13 +87,21 @@ def _thread_lines(result: Result) -> list[str]:
     if per_thread.height == 0:
         return []
     several_ranks = per_thread["rank"].n_unique() > 1
-    shown = [
+    items = [
         f"{'rank ' + str(rank) + ' ' if several_ranks else ''}tid {tid}: "
         + (f"{low}" if low == high else f"{low}-{high}")
-        for rank, tid, low, high in per_thread.head(THREADS_SHOWN).select("rank", "tid", "min", "max").iter_rows()
+        for rank, tid, low, high in per_thread.select("rank", "tid", "min", "max").iter_rows()
     ]
-    more = f", +{per_thread.height - THREADS_SHOWN} more" if per_thread.height > THREADS_SHOWN else ""
-    return [f"threads   launches per step by thread: {', '.join(shown)}{more}"]
+    head = "threads   launches per step by thread: "
+    shown: list[str] = []
+    for n, item in enumerate(items):
+        rest = len(items) - n - 1
+        more = f", +{rest} more" if rest else ""
+        if shown and len(head + ", ".join([*shown, item]) + more) > THREAD_LINE_WIDTH:
+            break
+        shown.append(item)
+    hidden = len(items) - len(shown)
+    return [head + ", ".join(shown) + (f", +{hidden} more" if hidden else "")]
 
 
 LAYER_HOW_LABELS = {
