@@ -134,11 +134,18 @@ def write_learned_ledger(ledger: Expectations, path: str | os.PathLike[str]) -> 
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as out:
             out.write(text)
+        os.chmod(temporary, 0o666 & ~_umask())  # mkstemp's 0600 -> what a plain open() would give
         os.replace(temporary, target)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 # ---- pass 1: kernel names into ops ---------------------------------------------------------
