@@ -20,7 +20,10 @@ Communication and overlap (HTA's comm/comp overlap, TraceLens's exposed communic
 
 `collective_ns` is the union of collective kernels (gaps.COLLECTIVE_REGEX), `overlapped_ns`
 its intersection with the union of the other kernels, `exposed_ns` the difference:
-|C ∩ K| = |C| + |K| - |C ∪ K|, three unions and no interval join.
+|C ∩ K| = |C| + |K| - |C ∪ K|, three unions and no interval join. Unlike the other figures,
+these take every kernel that starts in the step's GPU span on its device, whichever thread
+launched it: DDP and FSDP launch their all-reduces from a thread of their own, outside the
+step's range (HTA's NCCL fixture: 15 of its 21 NCCL kernels).
 
 Launch delay is `kernel start - launch call start`: for an eager kernel its own
 cudaLaunchKernel, for a graph replay the first kernel of the replay and its cudaGraphLaunch.
@@ -68,7 +71,7 @@ def time_use(steps: Steps, layer_assignments: pl.DataFrame | None = None) -> Tim
     step_rows = (
         busy.join(kernel_time(activities), on=STEP_KEY, how="left")
         .join(launch_calls(steps.api_calls), on=STEP_KEY, how="left")
-        .join(communication(activities), on=STEP_KEY, how="left")
+        .join(communication(kernels_in_spans(steps.activities, activities)), on=STEP_KEY, how="left")
         .with_columns(pl.col(c).fill_null(0) for c in STEP_TIME_COLUMNS)
         .sort(STEP_KEY)
     )
@@ -153,6 +156,23 @@ def launch_calls(api_calls: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+def kernels_in_spans(all_activities: pl.DataFrame, decode: pl.DataFrame) -> pl.DataFrame:
+    """`rank, step, activity, start, end, name`: every kernel of the trace that starts inside a
+    decode step's GPU span on its process and device (the span of the step's own activities),
+    its end cut at the span's end; where spans overlap, the later step takes it."""
+    spans = decode.group_by(*STEP_KEY, "pid", "device").agg(
+        pl.col("start").min().alias("gpu_start"), pl.col("end").max().alias("gpu_end")
+    ).sort("gpu_start")
+    kernels = all_activities.filter(pl.col("activity") == "kernel").select(
+        "pid", "device", "activity", "start", "end", "name"
+    ).sort("start")
+    placed = kernels.join_asof(
+        spans, left_on="start", right_on="gpu_start", by=["pid", "device"], strategy="backward",
+        check_sortedness=False,  # both sorted by start above
+    ).filter(pl.col("start") < pl.col("gpu_end"))
+    return placed.select(*STEP_KEY, "activity", "start", pl.min_horizontal("end", "gpu_end").alias("end"), "name")
+
+
 def communication(activities: pl.DataFrame) -> pl.DataFrame:
     """`rank, step, collective_ns, overlapped_ns, exposed_ns` (see the module docstring)."""
     kernels = activities.filter(pl.col("activity") == "kernel").with_columns(
@@ -232,7 +252,7 @@ def kernel_names_by_time(activities: pl.DataFrame) -> pl.DataFrame:
     ).join(steps, on="rank", how="left").sort("rank", "kernel_ns", "name", descending=[False, True, False])
 
 
-def top_kernels(use: TimeUse, limit: int | None = 10) -> pl.DataFrame:
+def top_kernels(use: TimeUse, limit: int | None = 10, label_width: int = 60) -> pl.DataFrame:
     """`name, label, op, kernels, kernel_ns, per_step_ns, share`: the kernel names that took the
     most GPU time over all ranks' decode steps (`limit` of them, None for all), one row per
     full name; `label` a short name distinct among them (distinct_labels), `per_step_ns` the
@@ -244,7 +264,7 @@ def top_kernels(use: TimeUse, limit: int | None = 10) -> pl.DataFrame:
     ).sort("kernel_ns", "name", descending=[True, False])
     per = per.head(limit) if limit is not None else per
     return per.with_columns(
-        pl.Series("label", distinct_labels(per["name"].to_list()), dtype=pl.Utf8),
+        pl.Series("label", distinct_labels(per["name"].to_list(), label_width), dtype=pl.Utf8),
         (pl.col("kernel_ns") / max(steps, 1)).round(0).cast(pl.Int64).alias("per_step_ns"),
         (pl.col("kernel_ns") / busy if busy else pl.lit(0.0)).alias("share"),
     ).select("name", "label", "op", "kernels", "kernel_ns", "per_step_ns", "share")
@@ -257,6 +277,7 @@ def _duration() -> pl.Expr:
 # --- short names that stay distinct ---------------------------------------------------------
 
 _ANONYMOUS = re.compile(r"\(anonymous namespace\)|<unnamed>")
+_NAMESPACES = re.compile(r"\b[A-Za-z_]\w*::")  # `at::native::` in a template argument: the type says enough
 
 
 def function_label(name: str) -> str:
@@ -266,7 +287,8 @@ def function_label(name: str) -> str:
     >>> function_label("void at::native::(anonymous namespace)::cat_batched_copy<float, 4>(int)")
     'at::native::(anon)::cat_batched_copy'
     """
-    text = _ANONYMOUS.sub("\x00", name.strip())
+    # a kernel returns void: the only return type a demangled kernel name carries
+    text = _ANONYMOUS.sub("\x00", name.strip().removeprefix("void "))
     head, depth = [], 0
     for ch in text:
         if ch in "<(":
@@ -277,10 +299,7 @@ def function_label(name: str) -> str:
             depth = max(depth - 1, 0)
         elif depth == 0:
             head.append(ch)
-    words = "".join(head).strip().split(" ")
-    # the last word is the function; earlier ones are the return type ("void", "__global__ void")
-    label = words[-1].replace("\x00", "(anon)") if words and words[-1] else name
-    return label or name
+    return "".join(head).strip().replace("\x00", "(anon)") or name
 
 
 def _template_text(name: str) -> str:
@@ -319,7 +338,8 @@ def distinct_labels(names: list[str], limit: int = 60) -> list[str]:
             clipped[i] = _clip_around(labels[i], first_difference, limit)
     for indexes in _collisions(clipped):
         for number, i in enumerate(indexes[1:], start=2):
-            clipped[i] = f"{clipped[i]} #{number}"
+            suffix = f" #{number}"
+            clipped[i] = _clip(clipped[i], limit - len(suffix)) + suffix
     return clipped
 
 
@@ -364,7 +384,7 @@ def _differing_arguments(argument_lists: list[list[str]], width: int = 24) -> li
         parts: list[str] = []
         for k, arg in enumerate(args):
             if differs[k]:
-                parts.append(_clip(arg, width))
+                parts.append(_clip(_NAMESPACES.sub("", arg), width))
             elif not parts or parts[-1] != "…":
                 parts.append("…")
         shown.append(", ".join(parts))
@@ -390,8 +410,5 @@ def _clip_around(text: str, at: int, limit: int) -> str:
 
 
 def _clip(text: str, limit: int) -> str:
-    """`text` in at most `limit` characters: its start and its end around a `…`."""
-    if len(text) <= limit:
-        return text
-    head = limit * 2 // 5
-    return text[:head] + "…" + text[len(text) - (limit - head - 1):]
+    """`text` in at most `limit` characters, cut at the end with a `…`."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -136,14 +136,14 @@ def _layers(use: TimeUse) -> list[str]:
 
 
 def _top_kernels(use: TimeUse) -> list[str]:
-    top = top_kernels(use, TOP_KERNELS)
+    top = top_kernels(use, TOP_KERNELS, LABEL_WIDTH)
     if top.height == 0:
         return []
     steps = use.steps.height
     lines = ["kernels by GPU time per step (one row per kernel name):"]
     for label, kernels, per_step_ns, share in top.select("label", "kernels", "per_step_ns", "share").iter_rows():
         launches = _count(kernels / steps if steps else kernels)
-        lines.append(f"  {us(per_step_ns):>12} {share:>6.1%} {launches:>6}x  {printable(label)[:LABEL_WIDTH]}".rstrip())
+        lines.append(f"  {us(per_step_ns):>12} {share:>6.1%} {launches:>6}x  {printable(label)}".rstrip())
     return lines
 
 
