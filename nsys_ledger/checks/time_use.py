@@ -57,6 +57,7 @@ class TimeUse:
     ops: pl.DataFrame  # rank, step, op, kernels, kernel_ns, share (of busy_ns)
     groups: pl.DataFrame  # rank, step, group, kernels, kernel_ns, share
     layers: pl.DataFrame  # rank, step, layer, kernels, kernel_ns, share (kernels with a layer)
+    layer_groups: pl.DataFrame  # rank, step, layer, group, kernels, kernel_ns, share (the per-layer heatmap)
     kernels: pl.DataFrame  # rank, name, op, kernels, kernel_ns, steps: every decode kernel name (top_kernels)
     launch_delay: pl.DataFrame  # rank, step, mode, count, min_ns, p50_ns, p90_ns, p99_ns, max_ns, mean_ns
     copies: pl.DataFrame  # rank, step, kind, count, bytes, time_ns (every kind of COPY_KINDS, zeros kept)
@@ -80,6 +81,7 @@ def time_use(steps: Steps, layer_assignments: pl.DataFrame | None = None) -> Tim
         ops=time_by(activities, "op", busy),
         groups=time_by(activities, "group", busy),
         layers=time_by(activities.filter(pl.col("layer").is_not_null()), "layer", busy),
+        layer_groups=time_by(activities.filter(pl.col("layer").is_not_null()), ["layer", "group"], busy),
         kernels=kernel_names_by_time(activities),
         launch_delay=launch_delay(activities),
         copies=copies(activities, steps.decode.select(STEP_KEY)),
@@ -134,17 +136,18 @@ def kernel_time(activities: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def time_by(activities: pl.DataFrame, column: str, busy: pl.DataFrame) -> pl.DataFrame:
-    """`rank, step, <column>, kernels, kernel_ns, share`: kernel time per value of `column`,
+def time_by(activities: pl.DataFrame, columns: str | list[str], busy: pl.DataFrame) -> pl.DataFrame:
+    """`rank, step, <columns>, kernels, kernel_ns, share`: kernel time per value of `columns`,
     `share` of the step's busy time (0 when the step has none)."""
+    columns = [columns] if isinstance(columns, str) else columns
     kernels = activities.filter(pl.col("activity") == "kernel")
-    per = kernels.group_by(*STEP_KEY, column).agg(
+    per = kernels.group_by(*STEP_KEY, *columns).agg(
         pl.len().cast(pl.Int64).alias("kernels"), _duration().sum().cast(pl.Int64).alias("kernel_ns")
     )
     return per.join(busy.select(*STEP_KEY, "busy_ns"), on=STEP_KEY, how="left").select(
-        *STEP_KEY, column, "kernels", "kernel_ns",
+        *STEP_KEY, *columns, "kernels", "kernel_ns",
         pl.when(pl.col("busy_ns") > 0).then(pl.col("kernel_ns") / pl.col("busy_ns")).otherwise(0.0).alias("share"),
-    ).sort(*STEP_KEY, column)
+    ).sort(*STEP_KEY, *columns)
 
 
 def launch_calls(api_calls: pl.DataFrame) -> pl.DataFrame:
