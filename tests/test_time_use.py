@@ -359,18 +359,28 @@ def test_real_kineto_decode_step_time_against_json():
 @needs_real
 def test_real_kineto_nccl_collective_time_against_json():
     """HTA's NCCL fixture: collective time per step is the union of the NCCL kernels launched,
-    on any thread, during the step's ProfilerStep range."""
+    on any thread, during the step's ProfilerStep range; the overlapped part its intersection
+    with the other kernels launched then (DDP overlaps all-reduce with backward)."""
     result = checked(str(NCCL), expect=False)
     use = result.time_use
     events = _kineto_events(NCCL)
-    nccl = [e for e in events if e.get("cat") == "kernel" and COLLECTIVE.search(e["name"])]
     steps = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
                    if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#"))
     assert use.steps.height == len(steps) == 3
     launches = {e["args"]["correlation"]: e["ts"] for e in events if e.get("cat") == "cuda_runtime"}
-    for (low, high), collective in zip(steps, use.steps["collective_ns"]):
-        mine = [(round(e["ts"] * 1000), round(e["ts"] * 1000) + round(e["dur"] * 1000)) for e in nccl
-                if low <= launches.get(e["args"]["correlation"], -1) <= high]
-        assert collective == _union(mine)
+    kernels = [e for e in events if e.get("cat") == "kernel"]
+
+    def interval(e: dict) -> tuple[int, int]:
+        start = round(e["ts"] * 1000)
+        return start, start + round(e["dur"] * 1000)
+
+    for (low, high), row in zip(steps, use.steps.iter_rows(named=True)):
+        inside = [e for e in kernels if low <= launches.get(e["args"]["correlation"], -1) <= high]
+        comm = [interval(e) for e in inside if COLLECTIVE.search(e["name"])]
+        compute = [interval(e) for e in inside if not COLLECTIVE.search(e["name"])]
+        assert row["collective_ns"] == _union(comm)
+        assert row["overlapped_ns"] == _intersection(comm, compute)
+        assert row["exposed_ns"] == row["collective_ns"] - row["overlapped_ns"]
+    assert use.steps["overlapped_ns"].to_list() == [1825259, 1760420, 3731346]
     # 15 of the 21 NCCL kernels come from DDP's own thread, outside the step's range, and count
     assert use.steps["collective_ns"].to_list() == [11989021, 12300029, 22587443]
