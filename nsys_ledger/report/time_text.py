@@ -26,7 +26,8 @@ def time_lines(result: Result) -> list[str]:
     if use is None or use.steps.height == 0:
         return []
     steps = use.steps
-    lines = [f"where the time goes (median per decode step over {steps.height} steps):"]
+    over = f"median per decode step over {steps.height} steps" if steps.height != 1 else "the one decode step"
+    lines = [f"where the time goes ({over}):"]
     lines += _seed_columns(result, use)
     lines += _communication(use)
     lines += _launch_delay(use)
