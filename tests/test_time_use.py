@@ -153,6 +153,11 @@ def test_graph_sample_time_per_kernel_name_and_op_against_sql():
     moe = ops.filter((pl.col("op") == "moe_gemm") & (pl.col("step") == 0)).row(0, named=True)
     assert (moe["kernels"], moe["kernel_ns"]) == step0 == (150, 19023757)
     assert moe["share"] == pytest.approx(19023757 / 27904063)
+    # the deepep group is DeepEP's dispatch and combine kernels
+    deepep = _sql(path, 'SELECT count(*), sum(a."end" - a.start) FROM CUPTI_ACTIVITY_KIND_KERNEL a JOIN StringIds s '
+                  f"ON s.id = a.demangledName {_IN_STEP} AND s.value GLOB '*deep_ep::*'", (low, high))[0]
+    group = result.time_use.groups.filter((pl.col("group") == "deepep") & (pl.col("step") == 0))
+    assert group.select("kernels", "kernel_ns").row(0) == deepep == (150, 3011328)
 
 
 def test_graph_sample_launch_delay_and_copies_against_sql():
