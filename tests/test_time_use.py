@@ -33,7 +33,8 @@ REAL = Path(os.environ.get("NSYS_LEDGER_REAL_TRACES") or REPO.parent / "shared" 
 NSYS_AI = REAL / "GindaChen__nsys-ai__h100_2gpu_1s.sqlite"
 QWEN_DECODE = REAL / "kineto" / "AMD-AGI__TraceLens__inference_sglang_decode_sglang_Qwen3-8B_decode.json.gz"
 NCCL = REAL / "kineto" / "HTA__nccl_parser_config__nccl_data.json.gz"
-needs_real = pytest.mark.skipif(not NSYS_AI.is_file(), reason="real traces not found (../shared/real_traces)")
+needs_real = pytest.mark.skipif(not all(p.is_file() for p in (NSYS_AI, QWEN_DECODE, NCCL)),
+                                reason="real traces not found (../shared/real_traces)")
 
 # collectives as the test reads them: NCCL, SGLang's custom all-reduce, DeepEP
 COLLECTIVE = re.compile(r"(?i)nccl|cross_device_reduce|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|deep_ep::")
