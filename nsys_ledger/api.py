@@ -20,6 +20,7 @@ from nsys_ledger.checks.ledger import CheckOutcome, Finding, check_ledger
 from nsys_ledger.checks.ranks import RankComparison
 from nsys_ledger.checks.coverage import OpCoverage, op_coverage
 from nsys_ledger.checks.stats import op_counts, step_table
+from nsys_ledger.checks.time_use import TimeUse, time_use
 from nsys_ledger.checks.timeline import (
     Timeline,
     add_timeline_columns,
@@ -104,6 +105,7 @@ class Result:
     files: tuple[InputFile, ...] = ()  # several exports checked together (multifile.check_many); else empty
     layers: LayerSummary | None = None  # layer of every decode kernel, how it was found, per-layer counts
     coverage: OpCoverage | None = None  # decode kernels by specific op, generic fallback, no op (with a ledger)
+    time_use: TimeUse | None = None  # GPU time by op, group, layer, kernel; launch calls, overlap, delay, copies
 
     @property
     def findings(self) -> list[Finding]:
@@ -182,6 +184,8 @@ def check(
     timeline = attach_layers(timeline, layers.assignments)  # gap and graph-break positions by layer
     totals = trace_totals(trace)
     coverage = op_coverage(steps.activities, steps.decode, expectations) if expectations else None
+    with stage("measuring where the step time goes"):
+        time = time_use(steps, layers.assignments)
 
     notices: list[str] = list(trace.meta.warnings)
     outcomes: list[CheckOutcome] = []
@@ -194,7 +198,7 @@ def check(
     return Result(
         trace=trace, expectations=expectations, totals=totals, steps=steps, step_table=table, op_table=ops,
         gaps=timeline.gaps, gap_threshold_ns=threshold_ns, outcomes=tuple(outcomes), notices=tuple(notices),
-        timeline=timeline, ranks=ranks, batch=batch, layers=layers, coverage=coverage,
+        timeline=timeline, ranks=ranks, batch=batch, layers=layers, coverage=coverage, time_use=time,
     )
 
 

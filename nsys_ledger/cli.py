@@ -195,10 +195,15 @@ def _write_output(writer, result, target: Path, label: str) -> None:
               help="Extra kernel launches per step (median; in all, per op, per layer group) still not worse.")
 @click.option("--max-slowdown", type=click.FloatRange(0), default=None,
               help="Also worse when the p90 step time rose by more than this percentage (default: not checked).")
+@click.option("--time-tolerance", type=click.FloatRange(0), default=10.0, show_default=True,
+              help="List an op's or layer's median GPU time per step when it moved by more than this percentage.")
+@click.option("--max-op-slowdown", type=click.FloatRange(0), default=None,
+              help="Also worse when an op's or layer's median GPU time rose by more than this percentage "
+                   "(default: not checked).")
 @click.option("--json", "json_path", type=click.Path(path_type=str), help="Write the diff as JSON to this file.")
 @click.option("--html", "html_path", type=click.Path(path_type=str), help="Write the diff as an HTML page.")
-def diff(before, after, expect, step_nvtx, step_method, gap_us, allow_launches, max_slowdown, json_path,
-         html_path) -> None:
+def diff(before, after, expect, step_nvtx, step_method, gap_us, allow_launches, max_slowdown, time_tolerance,
+         max_op_slowdown, json_path, html_path) -> None:
     """Compare the ledger of AFTER with BEFORE; exit 1 when AFTER is worse.
 
     \b
@@ -227,7 +232,8 @@ def diff(before, after, expect, step_nvtx, step_method, gap_us, allow_launches, 
     result = diff_results(
         run_check(before, expectations_, **options),
         run_check(after, expectations_, **options),
-        WorseningRule(extra_launches_per_step=allow_launches, step_time_slowdown_pct=max_slowdown),
+        WorseningRule(extra_launches_per_step=allow_launches, step_time_slowdown_pct=max_slowdown,
+                      time_tolerance_pct=time_tolerance, op_time_slowdown_pct=max_op_slowdown),
     )
     click.echo(render_diff(result))
     for label, writer, target in outputs:

@@ -21,6 +21,7 @@ import polars as pl
 from nsys_ledger.api import Result
 from nsys_ledger.attribution.layers import CAPTURE_NVTX, INFERRED, REPLAY_NVTX
 from nsys_ledger.checks.ledger import compact_ranges
+from nsys_ledger.diff_time import time_changes
 
 NO_CAUSE = "unattributed"  # gaps of a result without gap causes
 
@@ -36,6 +37,8 @@ class WorseningRule:
     new_gap_cause: bool = True  # a gap cause AFTER has in any step and BEFORE has in none
     new_failing_check: bool = True  # a finding whose expectation BEFORE did not violate
     step_time_slowdown_pct: float | None = None  # p90 step time rise beyond this percentage
+    time_tolerance_pct: float = 10.0  # op and layer GPU time changes within this are not listed (diff_time)
+    op_time_slowdown_pct: float | None = None  # an op's or layer's median GPU time rise beyond this percentage
 
     def describe(self) -> list[str]:
         """The rule in words, one line per part that is on."""
@@ -54,6 +57,8 @@ class WorseningRule:
             parts.append("a ledger check that fails in AFTER but not in BEFORE")
         if self.step_time_slowdown_pct is not None:
             parts.append(f"p90 step time more than {self.step_time_slowdown_pct:g}% above BEFORE")
+        if self.op_time_slowdown_pct is not None:
+            parts.append(f"an op's or layer's median GPU time more than {self.op_time_slowdown_pct:g}% above BEFORE")
         return parts
 
 
@@ -62,7 +67,7 @@ class FigureChange:
     """One per-step figure in both traces."""
 
     name: str  # "kernels per step", "op per_token_group_quant", "layer 41 ffn", ...
-    kind: str  # "step", "op", "layer", "time"
+    kind: str  # "step", "op", "layer", "time", "op_time", "layer_time" (the last two in µs)
     before: float | None
     after: float | None
     worse_by: str | None = None  # the part of the rule it breaks, or None
@@ -98,6 +103,10 @@ class TraceDiff:
     # how each trace found its decode kernels' layers ("nvtx", "inferred", None without layers);
     # layer groups gate only when both found them the same way (see _layer_changes)
     layer_sources: tuple[str | None, str | None] = (None, None)
+    # median GPU time per step of ops and layers that moved beyond the rule's tolerance (µs);
+    # None when a trace has no time use (layers: no layers)
+    op_time_changes: tuple[FigureChange, ...] | None = None
+    layer_time_changes: tuple[FigureChange, ...] | None = None
 
     @property
     def worse(self) -> bool:
@@ -113,6 +122,7 @@ def diff_results(before: Result, after: Result, rule: WorseningRule | None = Non
     step_figures = _step_figures(before, after, rule)
     op_changes = _op_changes(before, after, rule)
     layer_changes = _layer_changes(before, after, rule)
+    op_time, layer_time = (_time_changes(before, after, rule, column) for column in ("op", "layer"))
     gap_causes = _gap_causes(before, after)
     new_causes = gap_causes.filter((pl.col("before_gaps") == 0) & (pl.col("after_gaps") > 0))["cause"].to_list()
     before_sources = {f.source for f in before.findings}
@@ -121,7 +131,8 @@ def diff_results(before: Result, after: Result, rule: WorseningRule | None = Non
     resolved = tuple(s for s in dict.fromkeys(f.source for f in before.findings) if s not in after_sources)
 
     reasons = [f"{c.name}: {_fmt(c.before)} -> {_fmt(c.after)} ({c.worse_by})"
-               for c in (*step_figures, *op_changes, *(layer_changes or ())) if c.worse_by]
+               for c in (*step_figures, *op_changes, *(layer_changes or ()), *(op_time or ()), *(layer_time or ()))
+               if c.worse_by]
     if rule.new_gap_cause:
         reasons += [f"new idle-gap cause {cause!r}" for cause in new_causes]
     if rule.new_failing_check:
@@ -131,8 +142,19 @@ def diff_results(before: Result, after: Result, rule: WorseningRule | None = Non
         layer_changes=layer_changes, new_kernels=_kernel_names_only_in(after, before),
         vanished_kernels=_kernel_names_only_in(before, after), gap_causes=gap_causes, new_findings=new_findings,
         resolved_findings=resolved, rank_step_time=_rank_step_time(before, after), reasons=tuple(reasons),
-        layer_sources=(layer_source(before), layer_source(after)),
+        layer_sources=(layer_source(before), layer_source(after)), op_time_changes=op_time,
+        layer_time_changes=layer_time,
     )
+
+
+def _time_changes(before: Result, after: Result, rule: WorseningRule, column: str) -> tuple[FigureChange, ...] | None:
+    """Ops (`column="op"`) or layers whose median GPU time per step moved beyond the tolerance."""
+    changes = time_changes(before, after, column, tolerance_pct=rule.time_tolerance_pct,
+                           slowdown_pct=rule.op_time_slowdown_pct)
+    if changes is None:
+        return None
+    return tuple(FigureChange(f"{column} {value} (us)", f"{column}_time", b, a, worse)
+                 for value, b, a, worse in changes)
 
 
 def _median(values: pl.Series) -> float | None:

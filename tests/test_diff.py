@@ -131,7 +131,7 @@ def test_allowance_for_extra_launches(healthy, expectations):
 def test_diff_document_and_page(healthy, expectations):
     diff = diff_results(healthy, nsys_ledger.check(SAMPLES / "glm5-graph-extra-h2d.sqlite", expectations))
     document = json.loads(json.dumps(diff_document(diff)))
-    assert document["schema_version"] == "1.0"
+    assert document["schema_version"] == "1.1"
     assert document["worse"] is True
     assert document["before"]["decode_steps"] == document["after"]["decode_steps"] == 4
     h2d = next(f for f in document["step_figures"] if f["name"] == "H2D copies per step")

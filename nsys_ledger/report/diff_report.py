@@ -18,7 +18,7 @@ from nsys_ledger.checks.ledger import short_kernel_name
 from nsys_ledger.diff import FigureChange, TraceDiff
 from nsys_ledger.report.html_kit import Cell, esc, figure, note, page, table
 
-DIFF_SCHEMA_VERSION = "1.0"
+DIFF_SCHEMA_VERSION = "1.1"
 MAX_NAMES = 20  # kernel names listed in the terminal per side
 
 
@@ -48,6 +48,7 @@ def render_diff(diff: TraceDiff) -> str:
             lines.append(f"  layers found by {before_source} in BEFORE, {after_source} in AFTER: "
                          "changes listed, not judged")
         lines += _change_rows(diff.layer_changes, always=False) or ["  no layer group changed"]
+    lines += _time_rows(diff)
     lines += ["", click.style("kernel names", bold=True)]
     lines += _name_rows("new in AFTER", diff.new_kernels) + _name_rows("vanished from BEFORE", diff.vanished_kernels)
     lines += ["", click.style("idle gaps by cause (per step)", bold=True)]
@@ -61,6 +62,19 @@ def render_diff(diff: TraceDiff) -> str:
               f"  resolved:     {', '.join(diff.resolved_findings) or 'none'}", ""]
     lines += _diff_verdict(diff)
     return "\n".join(lines)
+
+
+def _time_rows(diff: TraceDiff) -> list[str]:
+    """GPU time per op and per layer (median µs per step), the changes beyond the tolerance."""
+    tolerance = f"{diff.rule.time_tolerance_pct:g}%"
+    lines = []
+    for what, changes in (("op", diff.op_time_changes), ("layer", diff.layer_time_changes)):
+        lines += ["", click.style(f"GPU time per {what} (median us per step; changed by over {tolerance})", bold=True)]
+        if changes is None:
+            lines.append(f"  no GPU time per {what} in both traces")
+            continue
+        lines += _change_rows(changes, always=False) or [f"  no {what} changed by over {tolerance}"]
+    return lines
 
 
 def _side_line(label: str, result) -> str:
@@ -130,6 +144,10 @@ def diff_document(diff: TraceDiff) -> dict:
         "step_figures": [_change_document(c) for c in diff.step_figures],
         "ops": [_change_document(c) for c in diff.op_changes],
         "layers": None if diff.layer_changes is None else [_change_document(c) for c in diff.layer_changes],
+        "time_tolerance_pct": diff.rule.time_tolerance_pct,
+        "op_time": None if diff.op_time_changes is None else [_change_document(c) for c in diff.op_time_changes],
+        "layer_time": (None if diff.layer_time_changes is None
+                       else [_change_document(c) for c in diff.layer_time_changes]),
         "new_kernels": diff.new_kernels.to_dicts(),
         "vanished_kernels": diff.vanished_kernels.to_dicts(),
         "gap_causes": diff.gap_causes.to_dicts(),

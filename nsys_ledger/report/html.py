@@ -23,6 +23,7 @@ from nsys_ledger.checks.ledger import short_kernel_name
 from nsys_ledger.report import figures
 from nsys_ledger.report.html_kit import Cell, esc, figure, note, page, table
 from nsys_ledger.report.layer_grid import layer_counts_grid, layer_deviations
+from nsys_ledger.report.time_html import mark_offending, time_section
 from nsys_ledger.report.selection import (
     SelectedStep,
     outcome_values,
@@ -50,6 +51,7 @@ def render_html(result: Result) -> str:
         _layers_section(result, layer_counts),
         _timeline_section(result, selected),
         _per_step_section(result),
+        time_section(result),
         _gaps_section(result),
         _h2d_section(result),
         _op_coverage_section(result),
@@ -173,6 +175,7 @@ def _timeline_section(result: Result, selected: list[SelectedStep]) -> str:
         why = f"NVTX '{window['label']}', {chosen.why}" if window.get("label") else chosen.why
         title = f"{chosen.role} step: {_step_name(result, chosen.rank, chosen.step)} ({why})"
         fig = figures.step_timeline(activities, gaps, calls, replays, origin_ns=origin)
+        mark_offending(fig, result, activities, origin)
         parts.append(f"<h3>{esc(title)}</h3>" + figure(f"timeline-{chosen.role}", fig))
     parts.append(_graph_breaks_table(result))
     return "".join(parts)

@@ -18,9 +18,10 @@ from nsys_ledger.api import Result
 from nsys_ledger.attribution.steps import launches_per_thread
 from nsys_ledger.checks.layers import compact_layer_counts
 from nsys_ledger.checks.ledger import compact_ranges
+from nsys_ledger.report.time_json import time_use_document
 from nsys_ledger.report.timeline_json import step_timeline_fields, timeline_document
 
-SCHEMA_VERSION = "1.2"
+SCHEMA_VERSION = "1.3"
 
 STEP_FIELDS = [
     "pid", "device", "host_start", "host_end", "gpu_start", "gpu_end", "duration_ns", "kernels", "kernel_ns",
@@ -70,6 +71,7 @@ def result_document(result: Result) -> dict:
         "layers": _layers(result),
         "op_coverage": result.coverage.to_dict() if result.coverage is not None else None,
         "timeline": timeline_document(result),
+        "time_use": time_use_document(result),
         "verdict": result.verdict,
     }
 

@@ -15,8 +15,10 @@ from nsys_ledger.attribution.layers import inference_rule_text
 from nsys_ledger.attribution.kernel_names import gemm_shape_text
 from nsys_ledger.checks.coverage import FALLBACK, NO_OP, SPECIFIC
 from nsys_ledger.checks.ledger import short_kernel_name
+from nsys_ledger.checks.time_use import distinct_labels
 from nsys_ledger.trace.kineto_reader import KINETO_VERSION_SOURCE
 from nsys_ledger.report.text import printable  # names and paths from the trace, escaped
+from nsys_ledger.report.time_text import time_lines
 from nsys_ledger.report.timeline_text import timeline_lines
 
 MAX_STEP_ROWS = 12
@@ -38,6 +40,9 @@ def render(result: Result) -> str:
     timeline = timeline_lines(result, _table)
     if timeline:
         lines += [*timeline, ""]
+    time_use = time_lines(result)
+    if time_use:
+        lines += [*time_use, ""]
     lines += _verdict(result)
     return "\n".join(lines)
 
@@ -240,10 +245,9 @@ def _top_kernels(result: Result, limit: int = 10) -> list[str]:
     if kernels.height == 0:
         return ["  (none)"]
     steps = max(result.step_table.height, 1)
-    top = kernels.group_by("name").agg(pl.len().alias("count")).sort("count", "name", descending=[True, False])
-    return [
-        f"  {count / steps:8.1f}  {printable(short_kernel_name(name, 90))}" for name, count in top.head(limit).iter_rows()
-    ]
+    top = kernels.group_by("name").agg(pl.len().alias("count")).sort("count", "name", descending=[True, False]).head(limit)
+    labels = distinct_labels(top["name"].to_list(), 80)  # one row per name: labels that do not collide
+    return [f"  {count / steps:8.1f}  {printable(label)}" for label, count in zip(labels, top["count"])]
 
 
 def _verdict(result: Result) -> list[str]:
