@@ -17,7 +17,6 @@ from nsys_ledger.attribution.steps import Steps
 from nsys_ledger.checks import budget as budget_mod
 from nsys_ledger.checks.gaps import (
     DEVICE_KEY,
-    blocking_syncs,
     collective_names,
     find_gaps,
     mark_step_entry_gaps,
@@ -25,6 +24,7 @@ from nsys_ledger.checks.gaps import (
     timeline_segments,
 )
 from nsys_ledger.checks.graphs import activity_text, describe_break, graph_breaks, step_replays
+from nsys_ledger.checks.host_time import host_record
 from nsys_ledger.checks.h2d import H2D_POSITIONS, describe_positions, h2d_positions_per_step, step_h2d_copies
 from nsys_ledger.checks.ledger import (
     CheckOutcome,
@@ -63,7 +63,7 @@ def build_timeline(
     decode = in_decode.select(*STEP_KEY, "pid", "device", "start", "end", "activity", "graph_node_id",
                               "correlation", "row").collect()
     overhead = trace.profiler_overhead
-    syncs = blocking_syncs(trace.api_calls, trace.syncs)
+    host = host_record(trace.api_calls, trace.nvtx)
     spans = step_spans(decode)
     replays = step_replays(decode)
     # each wide intermediate is freed before the next is built: the decode copy before the
@@ -71,12 +71,14 @@ def build_timeline(
     del decode
     collectives = collective_names(activities)
     segments = timeline_segments(activities, overhead, DEVICE_KEY, collectives)
-    gaps = find_gaps(activities, spans, overhead, syncs, threshold_ns, segments=segments, collectives=collectives)
+    gaps = find_gaps(activities, spans, overhead, host, trace.syncs, threshold_ns, segments=segments,
+                     collectives=collectives)
     gaps = mark_step_entry_gaps(gaps, graph_launches_per_step(steps), step_entry)
     budget = budget_mod.step_budget(segments, spans, gaps, threshold_ns)
     del segments
     stream_gaps = (
-        find_gaps(activities, spans, overhead, syncs, threshold_ns, per_stream=True, collectives=collectives)
+        find_gaps(activities, spans, overhead, host, trace.syncs, threshold_ns, per_stream=True,
+                  collectives=collectives)
         if per_stream else None
     )
     return Timeline(
@@ -281,14 +283,28 @@ def describe_causes(gaps: pl.DataFrame) -> str:
 
 
 GAP_HINTS = {
+    "sync": "the launching thread was blocked in a synchronize call (e.g. .item() or .tolist()) after the GPU ran "
+            "dry, and launched only after it returned",
+    "copy_call": "the launching thread was inside a memcpy call (a pageable or synchronous copy blocks the host): "
+                 "pin the buffer and copy asynchronously, or move the copy out of the step",
+    "cuda_call": "the launching thread was inside other CUDA calls (cudaMalloc, cudaFree, ...) while the GPU "
+                 "waited: allocate ahead, or use a caching allocator",
+    "nvtx": "the launching thread was busy in its own code (inside NVTX range {range}) while the GPU waited",
+    "host": "the launching thread began the call late, busy with work the trace does not show (Python overhead, "
+            "scheduling, preparing metadata)",
     "launch": "the GPU waited for the host's cudaGraphLaunch (a large graph takes several µs to launch): allow the "
               "step-entry gap in [gaps] step_entry_per_launch, or launch the next graph earlier / make it smaller",
-    "host": "the GPU waited for the CPU to launch (host preparing metadata, Python overhead, eager launches)",
-    "sync": "the host blocked in a synchronize call (e.g. .item() or .tolist()) while the GPU ran dry",
-    "h2d": "a host-to-device copy sits at the gap: move it out of the step or pin its buffer",
-    "graph_boundary": "the gap sits at a graph boundary: the decode graph is split or eager work runs between replays",
-    "collective": "a collective started late: it waited for its peers on the other ranks",
-    "unknown": "nothing in the trace explains the wait (a device-side delay)",
+    "kernel_launch": "the kernel launch call was still in flight when the GPU ran dry: launch latency of eager "
+                     "launches (capture the step in a CUDA graph)",
+    "copy_launch": "a copy call was still in flight when the GPU ran dry (a pageable copy is staged by the host "
+                   "inside the call): pin the buffer and copy asynchronously, ahead of the work that needs it",
+    "collective": "a collective started late although it was queued in time: it waited for its peers on the "
+                  "other ranks",
+    "graph_boundary": "the gap sits at a graph boundary while the host was ahead: the decode graph is split or "
+                      "eager work runs between replays",
+    "event_wait": "the work was queued in time but its stream waited on an event of another stream",
+    "copy": "a copy was queued in time but started late on the device (pageable staging or a busy copy engine)",
+    "unknown": "the work was queued in time and nothing in the trace explains the wait (a device-side delay)",
 }
 
 
@@ -296,7 +312,12 @@ def _gap_hint(gaps: pl.DataFrame) -> str:
     main_cause = gaps.group_by("cause").agg(pl.col("duration").sum()).sort(
         "duration", "cause", descending=[True, False]
     )["cause"][0]
-    return f"mostly {main_cause}: {GAP_HINTS[main_cause]}"
+    hint = GAP_HINTS[main_cause]
+    if main_cause == "nvtx":
+        ranges = gaps.filter(pl.col("cause") == "nvtx").group_by("nvtx_range").agg(pl.col("host_nvtx_ns").sum()).sort(
+            "host_nvtx_ns", "nvtx_range", descending=[True, False], nulls_last=True)
+        hint = hint.format(range=f"'{ranges['nvtx_range'][0]}'")
+    return f"mostly {main_cause}: {hint}"
 
 
 def _rank_outcome(max_pct: float, ranks: RankComparison) -> CheckOutcome:

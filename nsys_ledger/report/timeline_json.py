@@ -7,11 +7,12 @@ import polars as pl
 
 from nsys_ledger.api import Result
 from nsys_ledger.checks.budget import BUDGET_COLUMNS
-from nsys_ledger.checks.gaps import GAP_CAUSES
+from nsys_ledger.checks.gaps import GAP_CAUSES, SPLIT_FIELDS
 from nsys_ledger.checks.h2d import H2D_POSITIONS
 
 GAP_FIELDS = ["rank", "step", "pid", "device", "start", "end", "duration", "cause", "before", "before_op",
-              "before_layer", "after", "after_op", "after_layer", "step_entry"]
+              "before_layer", "after", "after_op", "after_layer", "step_entry", "side", *SPLIT_FIELDS, "nvtx_range",
+              "call_kind", "call_start", "call_end"]
 H2D_FIELDS = ["rank", "step", "device", "stream", "start", "end", "bytes", "memory", "position"]
 BREAK_FIELDS = ["rank", "step", "replay", "kernel_index", "before", "before_op", "before_layer", "after",
                 "after_op", "after_layer", "boundary_ns"]

@@ -43,7 +43,7 @@ def _budget(table: pl.DataFrame, table_lines, threshold_ns: int) -> list[str]:
         ))
     lines = [
         f"step time budget (us): T_step = busy Σt + N·g (gaps up to {threshold_ns / 1000:g} us) + C_comm "
-        "(collectives) + T_host (host, sync and launch gaps) + other gaps",
+        "(collectives) + T_host (host-side and launch gaps) + other gaps",
         *table_lines(rows),
     ]
     if table.height > MAX_ROWS:
