@@ -316,7 +316,8 @@ def _gap_hint(gaps: pl.DataFrame) -> str:
     if main_cause == "nvtx":
         ranges = gaps.filter(pl.col("cause") == "nvtx").group_by("nvtx_range").agg(pl.col("host_nvtx_ns").sum()).sort(
             "host_nvtx_ns", "nvtx_range", descending=[True, False], nulls_last=True)
-        hint = hint.format(range=f"'{ranges['nvtx_range'][0]}'")
+        name = ranges["nvtx_range"][0] or "?"
+        hint = hint.format(range=f"'{name if len(name) <= 60 else name[:57] + '...'}'")
     return f"mostly {main_cause}: {hint}"
 
 
