@@ -56,7 +56,7 @@ def build_timeline(
 ) -> Timeline:
     """Gaps (above `threshold_ns`), budget, H2D copies and graph replays of the decode steps.
     `step_entry`: the ledger's allowance for the graph-launch gap at each step's entry."""
-    activities = steps.activities
+    activities = with_graph_level_replays(steps, trace)
     in_decode = activities.lazy().filter(pl.col("decode").fill_null(False))
     # only the columns the spans and replays read: a filter copies every column it keeps, and
     # decode steps are nearly all of a trace's millions of activities
@@ -90,6 +90,33 @@ def build_timeline(
         replays=replays,
         breaks=graph_breaks(replays, in_decode),
     )
+
+
+def with_graph_level_replays(steps: Steps, trace: Trace) -> pl.DataFrame:
+    """The step's activities plus one activity per graph replay traced at graph level
+    (GRAPH_TRACE rows, `--cuda-graph-trace=graph`), whose kernels are in no kernel table: the
+    device is busy for the whole replay, so it counts in busy time, the step span and the gaps.
+
+    A replay row is `activity = "graph"`, named "graph <id> replay", with `graph_node_id` set
+    to its exec graph id (it is graph work: two replays meet at a graph boundary), numbered
+    after the other activities (`row`), and placed in the step of the cudaGraphLaunch that
+    launched it (joined on process and correlation id, as kernels are)."""
+    activities = steps.activities
+    replays = trace.graph_replays
+    if replays.height == 0:
+        return activities
+    calls = steps.api_calls.filter(pl.col("correlation").is_not_null()).select(
+        "pid", "correlation", pl.col("start").alias("api_start"), pl.col("end").alias("api_end"),
+        pl.col("global_tid").alias("api_tid"), pl.col("kind").alias("api_kind"), *STEP_KEY, "decode",
+    ).unique(subset=["pid", "correlation"], keep="first")
+    first_row = activities.height
+    rows = replays.sort("start").select(
+        (pl.int_range(pl.len(), dtype=pl.UInt32) + first_row).alias("row"), pl.lit("graph").alias("activity"),
+        "start", "end", "device", "stream", "pid", "correlation",
+        pl.format("graph {} replay", pl.col("graph_id")).alias("name"),
+        pl.col("graph_exec_id").alias("graph_node_id"),
+    ).join(calls, on=["pid", "correlation"], how="left", maintain_order="left")
+    return pl.concat([activities, rows], how="diagonal_relaxed")
 
 
 def graph_launches_per_step(steps: Steps) -> pl.DataFrame:
@@ -126,8 +153,9 @@ def _layer_of_rows(assignments: pl.DataFrame, rows: pl.Series) -> pl.Series:
     on the row ids cost seconds there (2.2 s at 5M kernels)."""
     row = assignments["row"]
     dense = row.len() > 0 and row[0] == 0 and bool((row.diff().drop_nulls() == 1).all())
-    if dense:
-        return assignments["layer"].cast(pl.Int64).gather(rows)
+    if dense:  # rows past the attribution (graph-level replays, with_graph_level_replays) have no layer
+        inside = pl.select(pl.when(rows < row.len()).then(rows)).to_series()
+        return assignments["layer"].cast(pl.Int64).gather(inside)
     lookup = assignments.select(pl.col("row").cast(pl.UInt32), pl.col("layer").cast(pl.Int64)).unique("row")
     found = pl.DataFrame({"row": rows.cast(pl.UInt32)}).join(lookup, on="row", how="left", maintain_order="left")
     return found["layer"]
