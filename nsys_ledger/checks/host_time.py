@@ -20,7 +20,7 @@ with one as-of lookup, so a window's share is the difference of two lookups: no 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from functools import cached_property
 
 import polars as pl
 
@@ -31,13 +31,43 @@ CALL_PARTS = ("sync", "copy_call", "cuda_call")
 SPLIT_COLUMNS = [f"host_{part}_ns" for part in HOST_PARTS]
 
 
-@dataclass(frozen=True)
 class HostRecord:
-    """The host side of a trace, ready for host_split."""
+    """The host side of a trace, ready for host_split. Built on first use: a trace with no gap
+    (or none the host was late for) never sorts its calls."""
 
-    calls: pl.DataFrame  # outermost CUDA calls: global_tid, start, end, part, running totals
-    ranges: pl.DataFrame  # outermost NVTX ranges: global_tid, start, end, _before (running total)
-    named_ranges: pl.DataFrame  # projectable NVTX ranges (nvtx_projection), for the range's name
+    def __init__(self, api_calls: pl.DataFrame, nvtx: pl.DataFrame):
+        self._api_calls = api_calls
+        self._nvtx = nvtx
+
+    @cached_property
+    def named_ranges(self) -> pl.DataFrame:
+        """Projectable NVTX ranges (nvtx_projection), for the range's name."""
+        return projectable_ranges(self._nvtx)
+
+    @cached_property
+    def ranges(self) -> pl.DataFrame:
+        """Outermost NVTX ranges: global_tid, start, end, _before (running total)."""
+        ranges = _outermost(self.named_ranges.select("global_tid", "start", "end"))
+        return ranges.with_columns(_running_before(pl.col("end") - pl.col("start")).alias("_before"))
+
+    @cached_property
+    def calls(self) -> pl.DataFrame:
+        """Outermost CUDA calls: global_tid, start, end, part, and the running totals."""
+        calls = _outermost(
+            self._api_calls.filter(pl.col("global_tid").is_not_null() & pl.col("start").is_not_null())
+            .select("global_tid", "start", pl.max_horizontal("start", "end").alias("end"), call_part().alias("part"))
+        )
+        # the NVTX time inside each call, so that NVTX time outside calls can be told apart
+        nvtx_at_start = _nvtx_before(self.ranges, calls.select("global_tid", pl.col("start").alias("x")))
+        nvtx_at_end = _nvtx_before(self.ranges, calls.select("global_tid", pl.col("end").alias("x")))
+        calls = calls.with_columns(nvtx_at_start.alias("_nvtx_at_start"),
+                                   (nvtx_at_end - nvtx_at_start).alias("_in_nvtx"))
+        length = pl.col("end") - pl.col("start")
+        return calls.with_columns(
+            *[_running_through(pl.when(pl.col("part") == part).then(length).otherwise(0)).alias(f"_through_{part}")
+              for part in CALL_PARTS],
+            _running_through(pl.col("_in_nvtx")).alias("_through_nvtx"),
+        )
 
 
 def call_part() -> pl.Expr:
@@ -50,24 +80,7 @@ def call_part() -> pl.Expr:
 
 
 def host_record(api_calls: pl.DataFrame, nvtx: pl.DataFrame) -> HostRecord:
-    named = projectable_ranges(nvtx)
-    ranges = _outermost(named.select("global_tid", "start", "end"))
-    ranges = ranges.with_columns(_running_before(pl.col("end") - pl.col("start")).alias("_before"))
-    calls = _outermost(
-        api_calls.filter(pl.col("global_tid").is_not_null() & pl.col("start").is_not_null())
-        .select("global_tid", "start", pl.max_horizontal("start", "end").alias("end"), call_part().alias("part"))
-    )
-    # the NVTX time inside each call, so that NVTX time outside calls can be told apart
-    nvtx_at_start = _nvtx_before(ranges, calls.select("global_tid", pl.col("start").alias("x")))
-    nvtx_at_end = _nvtx_before(ranges, calls.select("global_tid", pl.col("end").alias("x")))
-    calls = calls.with_columns(nvtx_at_start.alias("_nvtx_at_start"), (nvtx_at_end - nvtx_at_start).alias("_in_nvtx"))
-    length = pl.col("end") - pl.col("start")
-    calls = calls.with_columns(
-        *[_running_through(pl.when(pl.col("part") == part).then(length).otherwise(0)).alias(f"_through_{part}")
-          for part in CALL_PARTS],
-        _running_through(pl.col("_in_nvtx")).alias("_through_nvtx"),
-    )
-    return HostRecord(calls=calls, ranges=ranges, named_ranges=named)
+    return HostRecord(api_calls, nvtx)
 
 
 def host_split(windows: pl.DataFrame, record: HostRecord) -> pl.DataFrame:

@@ -292,7 +292,7 @@ def _gap_outcome(table: pl.DataFrame, timeline: Timeline) -> CheckOutcome:
     message = (
         f"idle gaps above {threshold / 1000:g} us: {observed} per step in {failing.height} of {table.height} "
         f"steps (steps {steps_text}), by cause: {describe_causes(gaps)}; the largest is "
-        f"{worst['duration'] / 1000:.1f} us ({worst['cause']}) in step {worst['step']}"
+        f"{worst['duration'] / 1000:.1f} us ({_cause_text(worst)}) in step {worst['step']}"
         f"{'' if table['rank'].n_unique() == 1 else ' of rank ' + str(worst['rank'])} "
         f"after {_neighbour(worst, 'before')} before {_neighbour(worst, 'after')}"
     )
@@ -301,6 +301,14 @@ def _gap_outcome(table: pl.DataFrame, timeline: Timeline) -> CheckOutcome:
         failing_steps=failing.height, observed=observed, expected="0", hint=_gap_hint(gaps),
     )
     return _outcome(name, "gaps.threshold_us", "0", table["gaps"], [finding])
+
+
+def _cause_text(gap: dict) -> str:
+    """'nvtx: ensure_layer_3_weights' for a gap the host spent in an NVTX range, else the cause."""
+    name = gap.get("nvtx_range")
+    if gap["cause"] != "nvtx" or not name:
+        return gap["cause"]
+    return f"nvtx: {name if len(name) <= 60 else name[:57] + '...'}"
 
 
 def describe_causes(gaps: pl.DataFrame) -> str:
