@@ -16,7 +16,7 @@ from click.testing import CliRunner
 import nsys_ledger
 from nsys_ledger.checks.budget import BUDGET_COLUMNS
 from nsys_ledger.checks.gaps import SPLIT_FIELDS, find_gaps, step_spans
-from nsys_ledger.checks.host_time import host_record
+from nsys_ledger.checks.host_time import host_record, host_split
 from nsys_ledger.checks.ranks import compare_ranks
 from nsys_ledger.cli import main
 from nsys_ledger.ledger.model import Range
@@ -502,3 +502,19 @@ def test_layers_of_gap_neighbours_by_position_or_by_join():
     # a subset of activities (row ids with holes, out of order): looked up by id instead
     sparse = pl.DataFrame({"row": pl.Series([9, 3, 5], dtype=pl.UInt32), "layer": [41, 8, None]})
     assert _layer_of_rows(sparse, pl.Series([3, 9, 4, None], dtype=pl.UInt32)).to_list() == [8, 41, None, None]
+
+
+def test_host_split_counts_only_the_launching_threads_own_calls_and_ranges():
+    other = THREAD + 1
+    api = pl.DataFrame({
+        "start": [1_000, 2_000, 5_000], "end": [4_000, 9_000, 6_000], "global_tid": [THREAD, other, THREAD],
+        "kind": ["sync", "memcpy", "other"], "name": ["cudaStreamSynchronize", "cudaMemcpy", "cudaMalloc"],
+    })
+    nvtx = pl.DataFrame({"start": [0, 6_500], "end": [10_000, 7_500], "global_tid": [other, THREAD],
+                         "end_global_tid": [None, None], "event_type": [59, 59], "name": ["elsewhere", "mine"],
+                         "domain": [None, None]}, schema_overrides={"end_global_tid": pl.Int64, "domain": pl.Utf8})
+    windows = pl.DataFrame({"id": [0, 1], "global_tid": [THREAD, other], "from": [2_000, 3_000], "to": [8_000, 8_000]})
+    split = host_split(windows, host_record(api, nvtx)).sort("id")
+    # thread THREAD, 2-8 us: 2 us of its sync, 1 us of cudaMalloc, 1 us in its range, 2 us plain
+    # thread `other`, 3-8 us: all inside its cudaMemcpy (the range around it is not counted twice)
+    assert split.rows() == [(0, 2_000, 0, 1_000, 1_000, 2_000, "mine"), (1, 0, 5_000, 0, 0, 0, None)]

@@ -91,7 +91,7 @@ GAP_SCHEMA = {
     "step_entry": pl.Boolean,  # an allowed step-entry launch gap (mark_step_entry_gaps): listed, no finding
     "side": pl.Utf8,  # GAP_SIDES: who was late
     **{c: pl.Int64 for c in SPLIT_FIELDS},
-    "nvtx_range": pl.Utf8,  # the launching thread's innermost NVTX range halfway through its late time
+    "nvtx_range": pl.Utf8,  # the launching thread's innermost NVTX range at the middle of its NVTX time while late
     # the host call that launched the activity that ended the gap: its API kind, start, end
     "call_kind": pl.Utf8, "call_start": pl.Int64, "call_end": pl.Int64,
 }

@@ -9,7 +9,8 @@ five parts (HOST_PARTS), each nanosecond in exactly one:
 * ``cuda_call``  inside any other CUDA call (cudaMalloc, cudaFree, launches of other work,
                  cudaStreamWaitEvent, ...)
 * ``nvtx``       outside CUDA calls but inside one of the thread's NVTX ranges (the range is
-                 named separately: the innermost one open halfway through the window)
+                 named separately: the innermost one open at the middle of the thread's NVTX
+                 time in the window)
 * ``host``       none of these: plain host time the trace does not describe
 
 Calls nest on a thread (a runtime call holds the driver calls it makes), so only outermost
@@ -86,8 +87,8 @@ def host_record(api_calls: pl.DataFrame, nvtx: pl.DataFrame) -> HostRecord:
 def host_split(windows: pl.DataFrame, record: HostRecord) -> pl.DataFrame:
     """`id`, SPLIT_COLUMNS and `nvtx_range` for each window (`id, global_tid, from, to`).
 
-    `nvtx_range` is the innermost NVTX range of the thread open halfway through the window
-    (null when none is); the parts add up to `to - from`.
+    `nvtx_range` is the thread's innermost NVTX range open at the middle of the window's NVTX
+    time (null when it holds no NVTX time outside calls); the parts add up to `to - from`.
     """
     schema = {"id": pl.Int64, **{c: pl.Int64 for c in SPLIT_COLUMNS}, "nvtx_range": pl.Utf8}
     windows = windows.filter(pl.col("global_tid").is_not_null() & (pl.col("to") > pl.col("from")))
@@ -104,7 +105,12 @@ def host_split(windows: pl.DataFrame, record: HostRecord) -> pl.DataFrame:
         nvtx_only.alias("host_nvtx_ns"),
         (pl.col("to") - pl.col("from") - in_calls - nvtx_only).alias("host_host_ns"),
     )
-    return split.join(_range_names(windows, record), on="id", how="left").select(list(schema)).cast(schema)
+    # only windows with NVTX time outside calls need a range's name (an eager trace has a gap
+    # per launch); it is named at the middle of the thread's NVTX time in the window
+    middle = windows.select(
+        "id", "global_tid", (at_from["nvtx_all"] + (held["nvtx_all"] + 1) // 2).alias("_target"),
+    ).filter(nvtx_only > 0)
+    return split.join(_range_names(middle, record), on="id", how="left").select(list(schema)).cast(schema)
 
 
 def _outermost(intervals: pl.DataFrame) -> pl.DataFrame:
@@ -164,12 +170,22 @@ def _held_before(record: HostRecord, probes: pl.DataFrame) -> dict[str, pl.Serie
     return held
 
 
-def _range_names(windows: pl.DataFrame, record: HostRecord) -> pl.DataFrame:
-    """`id, nvtx_range`: the innermost range open at each window's midpoint."""
-    if record.named_ranges.height == 0:
+def _range_names(middle: pl.DataFrame, record: HostRecord) -> pl.DataFrame:
+    """`id, nvtx_range` for each window (`id, global_tid, _target`): the innermost range open
+    at the instant the thread's NVTX time reaches `_target` (a running total of ranges.`_before`):
+    the middle of the NVTX time the window holds."""
+    if middle.height == 0 or record.named_ranges.height == 0:
         return pl.DataFrame(schema={"id": pl.Int64, "nvtx_range": pl.Utf8})
-    middle = windows.select(
-        pl.col("id").cast(pl.Int64), "global_tid", ((pl.col("from") + pl.col("to")) // 2).alias("_mid"),
-    ).with_columns((pl.col("_mid") + 1).alias("_mid_end"))
-    found = innermost_ranges(middle, record.named_ranges, id_col="id", start_col="_mid", end_col="_mid_end")
+    # the outermost range holding that instant: the last whose running total before it is short
+    # of the target
+    holding = middle.sort("_target").join_asof(
+        record.ranges.sort("_before"), left_on="_target", right_on="_before", by="global_tid", strategy="backward",
+        allow_exact_matches=False, check_sortedness=False,
+    ).filter(pl.col("start").is_not_null())
+    instants = holding.select(
+        "id", "global_tid",
+        (pl.col("start") + pl.col("_target") - pl.col("_before") - 1).clip(pl.col("start"), pl.col("end") - 1)
+        .alias("_at"),
+    ).with_columns((pl.col("_at") + 1).alias("_at_end"))
+    found = innermost_ranges(instants, record.named_ranges, id_col="id", start_col="_at", end_col="_at_end")
     return found.select(pl.col("call").alias("id"), pl.col("qualified_name").alias("nvtx_range"))
