@@ -14,8 +14,11 @@ it). The examples of issue 17 (item 1) are asserted with their literal figures.
 
 from __future__ import annotations
 
+import gzip
+import json
 import os
 import sqlite3
+from decimal import Decimal
 from pathlib import Path
 from urllib.parse import quote
 
@@ -144,6 +147,63 @@ def test_the_exports_have_gaps_of_both_kinds_to_judge():
 
 
 # ---------------------------------------------------------------------------------------------
+# The same rule on the PyTorch-profiler (Kineto) exports, from their JSON
+# ---------------------------------------------------------------------------------------------
+GPU_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset"}
+CALL_CATEGORIES = {"cuda_runtime", "cuda_driver"}
+
+
+def _ns(value) -> int:
+    """A Kineto time (µs with up to three decimals, read as Decimal) in integer ns."""
+    return int(Decimal(value) * 1000)
+
+
+def _kineto_ending_calls(path: Path) -> pl.DataFrame:
+    """Per GPU activity start (ns): the launching call's start and end and how many distinct
+    calls start activities then (the activity and its call share `args.correlation`)."""
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        events = json.load(f, parse_float=Decimal)["traceEvents"]
+    calls, starts = {}, {}
+    for event in events:
+        category, args = event.get("cat"), event.get("args") or {}
+        if event.get("ph") != "X" or "correlation" not in args:
+            continue
+        if category in CALL_CATEGORIES:
+            calls[args["correlation"]] = (_ns(event["ts"]), _ns(event["ts"]) + _ns(event.get("dur", 0)))
+        elif category in GPU_CATEGORIES:
+            starts.setdefault(_ns(event["ts"]), set()).add(args["correlation"])
+    rows = []
+    for start, correlations in starts.items():
+        found = [calls[c] for c in correlations if c in calls]
+        rows.append((start, min((c[0] for c in found), default=None), max((c[1] for c in found), default=None),
+                     len(found)))
+    return pl.DataFrame(rows, orient="row", schema={"gap_end": pl.Int64, "sql_call_start": pl.Int64,
+                                                    "sql_call_end": pl.Int64, "calls": pl.Int64})
+
+
+def _kineto_files():
+    files = sorted(KINETO_DIR.glob("*.json.gz")) if KINETO_DIR.is_dir() else []
+    return [pytest.param(p, id=p.name.split("__")[-1][:40]) for p in files] or [
+        pytest.param(None, id="no-kineto-traces")]
+
+
+@pytest.mark.parametrize("path", _kineto_files())
+def test_kineto_causes_follow_the_same_rule(path):
+    if path is None:
+        pytest.skip(f"no Kineto traces in {KINETO_DIR} (set NSYS_LEDGER_REAL_TRACES)")
+    gaps = _checked(path).gaps
+    joined = gaps.join(_kineto_ending_calls(path), left_on="end", right_on="gap_end", how="left")
+    assert joined["calls"].null_count() == 0  # every gap ends where a GPU activity of the JSON starts
+    single = joined.filter(pl.col("calls") == 1)
+    host_side = pl.col("cause").is_in(list(HOST_PARTS))
+    began_late = single.filter(pl.col("sql_call_start") > pl.col("start") + pl.col("duration") / 2)
+    returned_before = single.filter(pl.col("sql_call_end") < pl.col("start"))
+    for subset, agrees in ((began_late, host_side), (returned_before, ~host_side & ~pl.col("side").eq("launch"))):
+        agreeing = subset.filter(agrees)["duration"].sum()
+        assert agreeing >= 0.99 * subset["duration"].sum(), subset.filter(~agrees)
+
+
+# ---------------------------------------------------------------------------------------------
 # The examples of issue 17, item 1, literally
 # ---------------------------------------------------------------------------------------------
 def _longest(gaps: pl.DataFrame) -> dict:
@@ -268,3 +328,28 @@ def test_cause_sets_are_the_documented_ones():
     assert set(HOST_PARTS) | set(LAUNCH_CAUSES) | set(DEVICE_CAUSES) == {
         "sync", "copy_call", "cuda_call", "nvtx", "host", "launch", "kernel_launch", "copy_launch",
         "collective", "graph_boundary", "event_wait", "copy", "unknown"}
+
+
+def test_the_kineto_exports_have_gaps_to_judge():
+    """Per Kineto export: (gaps, of them with one ending call, begun after half the gap,
+    returned before it began), from the JSON: the Kineto rule test is not vacuous."""
+    if not KINETO_DIR.is_dir():
+        pytest.skip(f"no Kineto traces in {KINETO_DIR} (set NSYS_LEDGER_REAL_TRACES)")
+    counts = {}
+    for path in sorted(KINETO_DIR.glob("*.json.gz")):
+        gaps = _checked(path).gaps
+        joined = gaps.join(_kineto_ending_calls(path), left_on="end", right_on="gap_end").filter(pl.col("calls") == 1)
+        late = joined.filter(pl.col("sql_call_start") > pl.col("start") + pl.col("duration") / 2).height
+        early = joined.filter(pl.col("sql_call_end") < pl.col("start")).height
+        counts[path.name.split("__")[-1].removesuffix(".json.gz")] = (gaps.height, joined.height, late, early)
+    expected = {
+        "b200_eager_trace": (0, 0, 0, 0),
+        "1016005": (216, 181, 22, 147),  # h100_Qwen_Qwen1.5-0.5B-Chat__1016005
+        "inference_sglang_decode_capture_traces_bs_32_rank0": (0, 0, 0, 0),
+        "inference_sglang_decode_sglang_Qwen3-8B_decode": (8, 8, 4, 1),
+        "inference_vllm_decode_full_capture_traces_graph_capture_rank_0.1773709742341309550.pt.trace": (8, 8, 6, 1),
+        "inference_vllm_decode_full_graph_execution": (3, 3, 0, 3),
+        "benchmark_result_2869224_1695835535_trace": (39, 39, 31, 1),
+        "nccl_data": (2641, 2641, 2407, 76),
+    }
+    assert {name: counts.get(name) for name in expected} == expected
