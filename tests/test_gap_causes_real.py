@@ -9,7 +9,8 @@ and returned. The rule the docs state must then hold by time:
 * the call had returned before the GPU went idle -> the cause is not host side (nor launch).
 
 At least 99% of the gap time of each kind agrees in every file (by construction it is all of
-it). The examples of issue 17 (item 1) are asserted with their literal figures.
+it). The PyTorch-profiler exports in kineto/ are judged the same way from their JSON. The
+examples of issue 17 (item 1) are asserted with their literal figures.
 """
 
 from __future__ import annotations
@@ -284,7 +285,8 @@ def test_no_gap_has_profiler_overhead_inside():
         checked_any = True
         frame = pl.DataFrame(overhead, orient="row", schema={"o_start": pl.Int64, "o_end": pl.Int64, "pid": pl.Int64})
         gaps = _checked(path).gaps.select("pid", "start", "end")
-        inside = gaps.join(frame, on="pid").filter((pl.col("o_start") < pl.col("end")) & (pl.col("o_end") > pl.col("start")))
+        # inside, or touching it: the idle time on either side of a flush is one period with it
+        inside = gaps.join(frame, on="pid").filter((pl.col("o_start") <= pl.col("end")) & (pl.col("o_end") >= pl.col("start")))
         assert inside.height == 0, (path.name, inside)
     if not checked_any:
         pytest.skip("no real export with PROFILER_OVERHEAD rows")
