@@ -433,6 +433,9 @@ def test_cli_prints_the_budget_and_writes_the_timeline_json(tmp_path):
     assert timeline["batch"] == 64
     assert timeline["gap_causes"] == ["sync", "copy_call", "cuda_call", "nvtx", "host", "launch", "kernel_launch",
                                       "copy_launch", "collective", "graph_boundary", "event_wait", "copy", "unknown"]
+    assert timeline["gap_sides"] == {"host": ["sync", "copy_call", "cuda_call", "nvtx", "host"],
+                                     "launch": ["launch", "kernel_launch", "copy_launch"],
+                                     "device": ["collective", "graph_boundary", "event_wait", "copy", "unknown"]}
     assert timeline["gaps_total"] == len(timeline["gaps"]) == 22 and timeline["stream_gaps"] and timeline["ranks"] is None
     assert {g["cause"] for g in timeline["gaps"]} == {"host", "copy_launch", "collective"}
     # each gap documents who was late and the time split, which adds up to its duration

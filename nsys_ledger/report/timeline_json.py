@@ -7,7 +7,8 @@ import polars as pl
 
 from nsys_ledger.api import Result
 from nsys_ledger.checks.budget import BUDGET_COLUMNS
-from nsys_ledger.checks.gaps import GAP_CAUSES, SPLIT_FIELDS
+from nsys_ledger.checks.gaps import DEVICE_CAUSES, GAP_CAUSES, LAUNCH_CAUSES, SPLIT_FIELDS
+from nsys_ledger.checks.host_time import HOST_PARTS
 from nsys_ledger.checks.h2d import H2D_POSITIONS
 
 GAP_FIELDS = ["rank", "step", "pid", "device", "start", "end", "duration", "cause", "before", "before_op",
@@ -46,6 +47,7 @@ def timeline_document(result: Result) -> dict | None:
     return {
         "batch": result.batch,
         "gap_causes": list(GAP_CAUSES),
+        "gap_sides": {"host": list(HOST_PARTS), "launch": list(LAUNCH_CAUSES), "device": list(DEVICE_CAUSES)},
         "list_limit": LIST_LIMIT,
         "gaps_total": timeline.gaps.height,
         "gaps": _longest(timeline.gaps).select(GAP_FIELDS).to_dicts(),
