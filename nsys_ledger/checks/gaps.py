@@ -1,8 +1,9 @@
 """Idle time of the GPU inside decode steps, and why the GPU waited.
 
 One sweep over the device timeline (per process and device, or per stream on request) cuts
-it into segments between consecutive activity boundaries. Every kernel, copy and memset
-counts +1 while it runs; PROFILER_OVERHEAD ranges of the process count on their own. A
+it into segments between consecutive activity boundaries. Every kernel, copy, memset and
+graph replay traced at graph level (timeline.with_graph_level_replays) counts +1 while it
+runs; PROFILER_OVERHEAD ranges of the process count on their own. A
 segment is
 
 * ``busy``        something other than a collective runs (the Σ t_i of the step budget),
