@@ -121,7 +121,8 @@ def test_the_cause_is_host_side_exactly_when_the_host_began_the_ending_call_late
         agreeing = subset.filter(agrees)["duration"].sum()
         assert agreeing >= 0.99 * subset["duration"].sum(), subset.filter(~agrees)
     # the tool's own call times are those of SQL, and its time split adds up to the gap
-    assert (single["call_start"] == single["sql_call_start"]).all() and (single["call_end"] == single["sql_call_end"]).all()
+    assert (single["call_start"] == single["sql_call_start"]).all()
+    assert (single["call_end"] == single["sql_call_end"]).all()
     assert (gaps.select(pl.sum_horizontal(*SPLIT_FIELDS)).to_series() == gaps["duration"]).all()
 
 
@@ -222,7 +223,8 @@ def test_saxpy_long_gap_ended_by_a_copy_begun_late_is_the_host_after_mpi_and_thr
                   (gap["call_start"],))[0]
     names = _sql(path, """
         SELECT s.value FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s ON s.id = r.nameId
-        WHERE r.globalTid = ? AND r.start >= ? AND r.end <= ? ORDER BY r.start""", (tid, gap["start"], gap["call_start"]))
+        WHERE r.globalTid = ? AND r.start >= ? AND r.end <= ? ORDER BY r.start""",
+        (tid, gap["start"], gap["call_start"]))
     assert [n for (n,) in names if n.startswith("cudaMalloc_")] == ["cudaMalloc_v3020"] * 3
     assert gap["host_cuda_call_ns"] == sum(
         end - start for start, end in _sql(path, """
@@ -286,7 +288,8 @@ def test_no_gap_has_profiler_overhead_inside():
         frame = pl.DataFrame(overhead, orient="row", schema={"o_start": pl.Int64, "o_end": pl.Int64, "pid": pl.Int64})
         gaps = _checked(path).gaps.select("pid", "start", "end")
         # inside, or touching it: the idle time on either side of a flush is one period with it
-        inside = gaps.join(frame, on="pid").filter((pl.col("o_start") <= pl.col("end")) & (pl.col("o_end") >= pl.col("start")))
+        touching = (pl.col("o_start") <= pl.col("end")) & (pl.col("o_end") >= pl.col("start"))
+        inside = gaps.join(frame, on="pid").filter(touching)
         assert inside.height == 0, (path.name, inside)
     if not checked_any:
         pytest.skip("no real export with PROFILER_OVERHEAD rows")
@@ -311,7 +314,8 @@ def test_graph_level_replays_count_in_the_step_span_and_busy_time():
     assert (step["step_ns"], step["busy_ns"]) == (span, busy) == (186_815, 7_808)
     # the idle time before and between the two replays are gaps like any other
     replay_gaps = result.gaps.filter(pl.col("after") == "graph 1 replay")
-    assert replay_gaps.select("cause", "call_kind").rows() == [("cuda_call", "graph_launch"), ("launch", "graph_launch")]
+    assert replay_gaps.select("cause", "call_kind").rows() == [
+        ("cuda_call", "graph_launch"), ("launch", "graph_launch")]
 
 
 def test_no_decode_step_says_that_capture_would_measure_the_gaps():

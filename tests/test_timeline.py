@@ -326,10 +326,11 @@ def _gaps(rows: list[tuple], calls: list[tuple] = (), ranges: list[tuple] = (), 
                                                           "name": pl.Utf8}).with_columns(
         pl.lit(THREAD, pl.Int64).alias("global_tid"))
     nvtx = pl.DataFrame(list(ranges), orient="row", schema={"start": pl.Int64, "end": pl.Int64, "name": pl.Utf8})
-    nvtx = nvtx.with_columns(pl.lit(THREAD, pl.Int64).alias("global_tid"), pl.lit(None, pl.Int64).alias("end_global_tid"),
-                             pl.lit(59, pl.Int64).alias("event_type"), pl.lit(None, pl.Utf8).alias("domain"))
-    overhead_rows = pl.DataFrame(list(overhead), orient="row", schema={"start": pl.Int64, "end": pl.Int64}).with_columns(
-        pl.lit(THREAD, pl.Int64).alias("global_tid"), pl.lit(1, pl.Int64).alias("pid"))
+    nvtx = nvtx.with_columns(
+        pl.lit(THREAD, pl.Int64).alias("global_tid"), pl.lit(None, pl.Int64).alias("end_global_tid"),
+        pl.lit(59, pl.Int64).alias("event_type"), pl.lit(None, pl.Utf8).alias("domain"))
+    overhead_rows = pl.DataFrame(list(overhead), orient="row", schema={"start": pl.Int64, "end": pl.Int64})
+    overhead_rows = overhead_rows.with_columns(pl.lit(THREAD, pl.Int64).alias("global_tid"), pl.lit(1, pl.Int64).alias("pid"))
     sync_rows = pl.DataFrame(list(syncs), orient="row", schema={"start": pl.Int64, "stream": pl.Int64,
                                                                 "sync_type": pl.Utf8}).with_columns(
         pl.lit(1, pl.Int64).alias("pid"))
