@@ -274,7 +274,7 @@ def test_terminal_block_fits_100_columns_and_reads_the_figures():
 def test_json_time_use_section_matches_the_frames():
     result = checked("glm5-graph-healthy.sqlite")
     doc = json.loads(json.dumps(result_document(result)))
-    assert doc["schema_version"] == "1.3"
+    assert doc["schema_version"] == "2.0"
     section = doc["time_use"]
     assert section["steps_total"] == 4
     first = section["steps"][0]

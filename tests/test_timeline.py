@@ -15,7 +15,8 @@ from click.testing import CliRunner
 
 import nsys_ledger
 from nsys_ledger.checks.budget import BUDGET_COLUMNS
-from nsys_ledger.checks.gaps import find_gaps, step_spans
+from nsys_ledger.checks.gaps import SPLIT_FIELDS, find_gaps, step_spans
+from nsys_ledger.checks.host_time import host_record, host_split
 from nsys_ledger.checks.ranks import compare_ranks
 from nsys_ledger.cli import main
 from nsys_ledger.ledger.model import Range
@@ -59,27 +60,39 @@ def test_every_injected_gap_is_found_with_its_step_and_cause(checked, name):
     found = {(g["rank"], g["step"], g["start"], g["end"]): g["cause"] for g in result.gaps.to_dicts()}
     for gap in truth:
         key = (gap["rank"], gap["step"], gap["idle_start"], gap["idle_end"])
-        assert found.get(key) == gap["cause"], gap
+        # the generator's "sync" gap: its cudaStreamSynchronize returns 1-3 us into the gap and
+        # the host then works 4 us more before it begins the graph launch, so by time the host's
+        # own work is the larger part of the late launch (test_injected_gap_causes_follow_who_was_late)
+        assert found.get(key) == {"sync": "host"}.get(gap["cause"], gap["cause"]), gap
     # and nothing else than the generator's own count of device idle gaps above 2 us
     assert result.step_table["gaps"].to_list() == [s["gaps_over_2us"] for s in MANIFEST[name]["steps"]]
 
 
-def test_injected_gap_causes_cover_sync_collective_and_host(checked):
-    result = checked("glm5-graph-caused-gaps.sqlite")
-    causes = result.gaps.group_by("cause").len().sort("cause").rows()
-    # per step: a sync before the replay, two late collectives, a late sampling launch; the
-    # host then falls behind, so steps 1-3 also wait between their first copies (h2d)
-    assert causes == [("collective", 8), ("h2d", 6), ("host", 4), ("sync", 4)]
-    collective = result.gaps.filter(pl.col("cause") == "collective")
+def test_injected_gap_causes_follow_who_was_late(checked):
+    gaps = checked("glm5-graph-caused-gaps.sqlite").gaps
+    late = pl.col("call_start") - pl.col("start")  # when the host began the ending call, from the gap's start
+    # the late collectives were queued long before the GPU went idle: device side, their peers
+    collective = gaps.filter(pl.col("cause") == "collective")
+    assert collective.height == 8 and set(collective["side"]) == {"device"}
     assert set(collective["after_op"]) == {"allreduce", "deepep_dispatch"}
     assert sorted(set(collective["after_layer"])) == [20, 50]
-    host = result.gaps.filter(pl.col("cause") == "host")
-    assert host["after_op"].to_list() == ["sampling"] * 4
-    sync = result.gaps.filter(pl.col("cause") == "sync")
-    assert sync["before"].to_list() == ["memcpy HtoD"] * 4 and sync["after_op"].to_list() == ["embedding"] * 4
-    copies = result.gaps.filter(pl.col("cause") == "h2d")
-    assert copies["step"].to_list() == [1, 1, 2, 2, 3, 3]
-    assert set(copies["before"]) == set(copies["after"]) == {"memcpy HtoD"}
+    assert (collective["call_end"] < collective["start"]).all()
+    assert (collective["device_ns"] == collective["duration"]).all()
+    # the sampling launch begins 12 us after the forward pass ran dry, with no CUDA call or NVTX
+    # range on the thread in between: plain host time
+    sampling = gaps.filter(pl.col("after_op") == "sampling")
+    assert sampling["cause"].to_list() == ["host"] * 4
+    assert (sampling["host_host_ns"] == sampling.select(late).to_series()).all()
+    assert (sampling.select(late).to_series() > sampling["duration"] // 2).all()
+    # the graph launch after a stream sync: the sync returned inside the gap (its share is
+    # counted), then the host worked longer than that before it began the launch
+    after_sync = gaps.filter(pl.col("after_op") == "embedding")
+    assert after_sync["cause"].to_list() == ["host"] * 4 and set(after_sync["before"]) == {"memcpy HtoD"}
+    assert (after_sync["host_sync_ns"] > 0).all()
+    assert (after_sync["host_host_ns"] > after_sync["host_sync_ns"]).all()
+    # every gap's parts add up to its duration
+    parts = pl.sum_horizontal(*SPLIT_FIELDS)
+    assert (gaps.select(parts).to_series() == gaps["duration"]).all()
 
 
 def test_late_second_replay_is_a_graph_boundary_gap(checked):
@@ -117,21 +130,28 @@ def test_eager_sample_is_host_bound_with_most_gaps_caused_by_host(checked):
     result = checked("glm5-eager-healthy.sqlite")
     table = result.step_table
     assert table["gaps"].to_list() == [1159, 1139, 1149, 1149]
-    # a gap between a pinned copy and a kernel whose launch came late is the host's (who was
-    # late), not the copy's: of 3 copy-side gaps per step only those a copy ends stay h2d
-    assert result.gaps.group_by("cause").len().sort("cause").rows() == [("h2d", 8), ("host", 4588)]
+    # eager decode: every gap is the host's, late (the launching thread was still in its layer
+    # NVTX ranges) or in its launch call; never the device's
+    assert set(result.gaps["side"]) == {"host", "launch"}
+    host_side = result.gaps.filter(pl.col("side") == "host")
+    assert (host_side["call_start"] > host_side["start"]).all()
     assert table["bound"].to_list() == ["host"] * 4
     assert (table["host_ns"] > table["busy_ns"]).all()
     finding = next(f for f in result.findings if f.check == "gaps")
-    assert "by cause: host 4588" in finding.message and finding.hint.startswith("mostly host")
+    main = result.gaps.group_by("cause").agg(pl.col("duration").sum()).sort("duration")["cause"][-1]
+    assert main == "nvtx" and finding.hint.startswith("mostly nvtx: ") and "NVTX range '" in finding.hint
 
 
-def test_pageable_copy_gap_is_caused_by_h2d(checked):
+def test_pageable_copy_delays_the_graph_launch(checked):
     result = checked("glm5-graph-pageable-h2d.sqlite")
     assert checks_of(result) == ["h2d_pageable", "gaps"]
+    # the host stages the pageable copy inside its call, then begins cudaGraphLaunch, which is
+    # still in flight for most of the gap: launch latency, with the copy call's share counted
     assert result.gaps.select("step", "cause", "before", "after_op").rows() == [
-        (step, "h2d", "memcpy HtoD", "embedding") for step in range(4)
+        (step, "launch", "memcpy HtoD", "embedding") for step in range(4)
     ]
+    assert (result.gaps["host_copy_call_ns"] > 0).all()
+    assert (result.gaps["launch_ns"] > result.gaps["duration"] // 2).all()
 
 
 def test_a_higher_threshold_keeps_only_the_longer_gaps(expectations):
@@ -276,8 +296,12 @@ def test_one_rank_has_no_rank_comparison(checked):
 # ---------------------------------------------------------------------------------------------
 # Cause rules on a hand-made timeline (the graph boundary has no sample of its own)
 # ---------------------------------------------------------------------------------------------
+THREAD = (1 << 24) | 11  # globalTid of pid 1, tid 11
+
+
 def _activities(rows: list[tuple]) -> pl.DataFrame:
-    """(start, end, name, graph_node_id, correlation, api_start, api_end) per kernel, one step."""
+    """(start, end, name, graph_node_id, correlation, api_start, api_end) per kernel, one step;
+    launched from THREAD (a graph launch when the kernel is a graph node)."""
     frame = pl.DataFrame(
         rows, orient="row",
         schema={"start": pl.Int64, "end": pl.Int64, "name": pl.Utf8, "graph_node_id": pl.Int64,
@@ -286,16 +310,35 @@ def _activities(rows: list[tuple]) -> pl.DataFrame:
     return frame.with_row_index("row").with_columns(
         pl.lit("kernel").alias("activity"), pl.lit(0, pl.Int64).alias("device"), pl.lit(7, pl.Int64).alias("stream"),
         pl.lit(1, pl.Int64).alias("pid"), pl.lit(None, pl.Utf8).alias("copy_kind"), pl.lit(0, pl.Int64).alias("rank"),
-        pl.lit(0, pl.Int64).alias("step"), pl.lit(True).alias("decode"),
+        pl.lit(0, pl.Int64).alias("step"), pl.lit(True).alias("decode"), pl.lit(THREAD, pl.Int64).alias("api_tid"),
+        pl.when(pl.col("graph_node_id").is_null()).then(pl.lit("kernel_launch")).otherwise(pl.lit("graph_launch"))
+        .alias("api_kind"),
     )
 
 
-def _causes(rows: list[tuple], syncs: list[tuple] = ()) -> list[tuple]:
+def _gaps(rows: list[tuple], calls: list[tuple] = (), ranges: list[tuple] = (), overhead: list[tuple] = (),
+          syncs: list[tuple] = ()) -> pl.DataFrame:
+    """Gaps above 2 us of the kernels `rows`, with the launching thread's other CUDA calls
+    (start, end, kind, name), its NVTX ranges (start, end, name), profiler overhead (start,
+    end) and CUPTI sync rows (start, stream, sync_type)."""
     acts = _activities(rows)
-    sync_windows = pl.DataFrame(list(syncs), orient="row", schema={"pid": pl.Int64, "start": pl.Int64, "end": pl.Int64})
-    overhead = pl.DataFrame(schema={"start": pl.Int64, "end": pl.Int64, "global_tid": pl.Int64, "pid": pl.Int64})
-    gaps = find_gaps(acts, step_spans(acts), overhead, sync_windows, 2_000)
-    return gaps.select("start", "end", "cause").rows()
+    api = pl.DataFrame(list(calls), orient="row", schema={"start": pl.Int64, "end": pl.Int64, "kind": pl.Utf8,
+                                                          "name": pl.Utf8}).with_columns(
+        pl.lit(THREAD, pl.Int64).alias("global_tid"))
+    nvtx = pl.DataFrame(list(ranges), orient="row", schema={"start": pl.Int64, "end": pl.Int64, "name": pl.Utf8})
+    nvtx = nvtx.with_columns(
+        pl.lit(THREAD, pl.Int64).alias("global_tid"), pl.lit(None, pl.Int64).alias("end_global_tid"),
+        pl.lit(59, pl.Int64).alias("event_type"), pl.lit(None, pl.Utf8).alias("domain"))
+    overhead_rows = pl.DataFrame(list(overhead), orient="row", schema={"start": pl.Int64, "end": pl.Int64})
+    overhead_rows = overhead_rows.with_columns(pl.lit(THREAD, pl.Int64).alias("global_tid"), pl.lit(1, pl.Int64).alias("pid"))
+    sync_rows = pl.DataFrame(list(syncs), orient="row", schema={"start": pl.Int64, "stream": pl.Int64,
+                                                                "sync_type": pl.Utf8}).with_columns(
+        pl.lit(1, pl.Int64).alias("pid"))
+    return find_gaps(acts, step_spans(acts), overhead_rows, host_record(api, nvtx), sync_rows, 2_000)
+
+
+def _causes(rows: list[tuple], **host) -> list[tuple]:
+    return _gaps(rows, **host).select("start", "end", "cause").rows()
 
 
 def test_gap_between_two_replays_with_the_host_ahead_is_a_graph_boundary():
@@ -307,17 +350,54 @@ def test_gap_between_two_replays_with_the_host_ahead_is_a_graph_boundary():
     assert _causes(rows) == [(20_000, 25_000, "graph_boundary"), (30_000, 40_000, "unknown")]
 
 
-def test_late_launch_is_host_and_a_sync_returning_before_it_is_sync():
-    rows = [
-        (10_000, 20_000, "k_a", None, 1, 0, 5_000),
-        (30_000, 31_000, "k_b", None, 2, 27_000, 29_000),  # launched after k_a ended: host
-    ]
-    assert _causes(rows) == [(20_000, 30_000, "host")]
-    # the same, with the host blocked in a synchronize that returned at 26 us
-    assert _causes(rows, syncs=[(1, 8_000, 26_000)]) == [(20_000, 30_000, "sync")]
-    # a sync that spans the whole gap (an overlap scheduler waiting for the running step)
-    # returned after the launch: not the cause
-    assert _causes(rows, syncs=[(1, 8_000, 35_000)]) == [(20_000, 30_000, "host")]
+LATE = [
+    (10_000, 20_000, "k_a", None, 1, 0, 5_000),
+    (30_000, 31_000, "k_b", None, 2, 27_000, 29_000),  # launch began 7 us after the GPU went idle
+]
+
+
+def test_a_launch_begun_after_the_gpu_went_idle_is_host_time_split_by_what_the_thread_did():
+    gaps = _gaps(LATE)
+    assert gaps.select("cause", "side", "host_host_ns", "launch_ns", "device_ns").rows() == [
+        ("host", "host", 7_000, 2_000, 1_000)]
+    # the thread was blocked in a synchronize that returned 6 us into the gap: sync
+    sync = _gaps(LATE, calls=[(8_000, 26_000, "sync", "cudaStreamSynchronize")])
+    assert sync.select("cause", "host_sync_ns", "host_host_ns").rows() == [("sync", 6_000, 1_000)]
+    # ... one that returned 1 us into it, the host then working 6 us on its own: not the sync
+    short = _gaps(LATE, calls=[(8_000, 21_000, "sync", "cudaStreamSynchronize")])
+    assert short.select("cause", "host_sync_ns", "host_host_ns").rows() == [("host", 1_000, 6_000)]
+    # a copy call and cudaMalloc calls (driver calls nested inside count once)
+    calls = [(20_500, 22_000, "memcpy", "cudaMemcpy"), (22_000, 26_000, "other", "cudaMalloc"),
+             (22_100, 25_000, "other", "cuMemAlloc")]
+    mixed = _gaps(LATE, calls=calls)
+    assert mixed.select("cause", "host_copy_call_ns", "host_cuda_call_ns", "host_host_ns").rows() == [
+        ("cuda_call", 1_500, 4_000, 1_500)]
+
+
+def test_host_time_in_an_nvtx_range_is_named_after_the_innermost_range():
+    ranges = [(0, 100_000, "token_5_processing"), (21_000, 26_500, "ensure_layer_3_weights")]
+    gaps = _gaps(LATE, ranges=ranges, calls=[(22_000, 23_000, "memcpy", "cudaMemcpy")])
+    # 7 us late: 1 us in the copy call; the rest inside NVTX ranges (the outer one covers it all)
+    assert gaps.select("cause", "host_copy_call_ns", "host_nvtx_ns", "host_host_ns", "nvtx_range").rows() == [
+        ("nvtx", 1_000, 6_000, 0, "ensure_layer_3_weights")]
+
+
+def test_a_launch_in_flight_when_the_gpu_went_idle_is_launch_latency():
+    rows = [(10_000, 20_000, "k_a", None, 1, 0, 5_000), (30_000, 31_000, "k_b", None, 2, 18_000, 28_000)]
+    gaps = _gaps(rows)
+    assert gaps.select("cause", "side", "host_host_ns", "launch_ns", "device_ns").rows() == [
+        ("kernel_launch", "launch", 0, 8_000, 2_000)]
+
+
+def test_work_queued_before_the_gpu_went_idle_is_the_device_side():
+    # returned 1 us before idle; a gap of 493 us: whatever the host did, the GPU waited on something else
+    rows = [(10_000, 20_000, "k_a", None, 1, 0, 5_000), (513_000, 514_000, "k_b", None, 2, 18_000, 19_000)]
+    assert _causes(rows, calls=[(20_000, 400_000, "sync", "cudaDeviceSynchronize")]) == [
+        (20_000, 513_000, "unknown")]
+    # its stream was told to wait on an event after k_a was launched: a cross-stream wait
+    assert _causes(rows, syncs=[(6_000, 7, "Stream wait event")]) == [(20_000, 513_000, "event_wait")]
+    # a wait recorded before k_a's launch is not this one
+    assert _causes(rows, syncs=[(-1_000, 7, "Stream wait event")]) == [(20_000, 513_000, "unknown")]
 
 
 def test_late_collective_with_an_early_launch_is_collective():
@@ -328,15 +408,13 @@ def test_late_collective_with_an_early_launch_is_collective():
     assert _causes(rows) == [(20_000, 29_000, "collective")]
 
 
-def test_profiler_overhead_is_not_idle():
-    acts = _activities([(10_000, 20_000, "k_a", None, 1, 0, 1), (40_000, 45_000, "k_b", None, 2, 0, 1)])
-    none = pl.DataFrame(schema={"pid": pl.Int64, "start": pl.Int64, "end": pl.Int64})
-    overhead = pl.DataFrame({"start": [21_000], "end": [39_000], "global_tid": [1 << 24], "pid": [1]})
-    gaps = find_gaps(acts, step_spans(acts), overhead, none, 500)
-    # 20-21 us and 39-40 us stay idle; the 18 us of profiler overhead between them do not count
-    assert gaps.select("start", "end", "before", "after").rows() == [
-        (20_000, 21_000, "k_a", "profiler overhead"), (39_000, 40_000, "profiler overhead", "k_b"),
-    ]
+def test_idle_time_with_profiler_overhead_inside_is_no_gap():
+    rows = [(10_000, 20_000, "k_a", None, 1, 0, 1), (40_000, 45_000, "k_b", None, 2, 0, 1),
+            (50_000, 55_000, "k_c", None, 3, 0, 1)]
+    # 20-40 us: 18 us of profiler flush with 1 us idle either side is one idle period, left out
+    # whole (nsys's gpu_gaps does the same); 45-50 us has no overhead and stays a gap
+    assert _gaps(rows, overhead=[(21_000, 39_000)]).select("start", "end").rows() == [(45_000, 50_000)]
+    assert _gaps(rows).select("start", "end").rows() == [(20_000, 40_000), (45_000, 50_000)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -349,23 +427,32 @@ def test_cli_prints_the_budget_and_writes_the_timeline_json(tmp_path):
     assert run.exit_code == 1, run.output
     assert "k/token@64" in run.output and "31.3" in run.output  # 2002 / 64
     assert "step time budget (us)" in run.output and "gpu-bound" in run.output
-    assert "by cause: collective 8 (98.0 us), sync 4 (81.6 us), host 4 (71.1 us), h2d 6 (22.1 us)" in run.output
+    assert "by cause: host 11 (164.9 us), collective 8 (98.0 us), copy_launch 3 (9.9 us)" in run.output
     assert "per-stream gaps above 2 us: device 0 stream 20" in run.output
     doc = json.loads(out.read_text())
     timeline = doc["timeline"]
     assert timeline["batch"] == 64
-    assert timeline["gap_causes"] == ["sync", "h2d", "launch", "host", "graph_boundary", "collective", "unknown"]
+    assert timeline["gap_causes"] == ["sync", "copy_call", "cuda_call", "nvtx", "host", "launch", "kernel_launch",
+                                      "copy_launch", "collective", "graph_boundary", "event_wait", "copy", "unknown"]
+    assert timeline["gap_sides"] == {"host": ["sync", "copy_call", "cuda_call", "nvtx", "host"],
+                                     "launch": ["launch", "kernel_launch", "copy_launch"],
+                                     "device": ["collective", "graph_boundary", "event_wait", "copy", "unknown"]}
     assert timeline["gaps_total"] == len(timeline["gaps"]) == 22 and timeline["stream_gaps"] and timeline["ranks"] is None
-    assert {g["cause"] for g in timeline["gaps"]} == {"sync", "h2d", "host", "collective"}
+    assert {g["cause"] for g in timeline["gaps"]} == {"host", "copy_launch", "collective"}
+    # each gap documents who was late and the time split, which adds up to its duration
+    first = timeline["gaps"][0]
+    assert (first["side"], first["call_kind"], first["after_op"]) == ("host", "graph_launch", "embedding")
+    for gap in timeline["gaps"]:
+        assert sum(gap[field] for field in SPLIT_FIELDS) == gap["duration"]
+        assert gap["call_start"] is not None and gap["call_end"] >= gap["call_start"]
     assert len(timeline["h2d_copies"]) == 12 and timeline["graph_breaks"] == []
     step = doc["steps"][1]
     assert step["kernels_per_token"] == 31.28 and step["replays"] == 1
     assert step["h2d_positions"] == {"before": 3, "between": 0, "after": 0, "in_graph": 0, "no_graph": 0, "unknown": 0}
     assert set(step["budget"]) == {*BUDGET_COLUMNS, "bound"}
     assert step["gaps_by_cause"] == {
-        "sync": {"count": 1, "ns": step["gaps_by_cause"]["sync"]["ns"]},
-        "h2d": {"count": 2, "ns": step["gaps_by_cause"]["h2d"]["ns"]},
-        "host": {"count": 1, "ns": step["gaps_by_cause"]["host"]["ns"]},
+        "host": {"count": 3, "ns": step["gaps_by_cause"]["host"]["ns"]},
+        "copy_launch": {"count": 1, "ns": step["gaps_by_cause"]["copy_launch"]["ns"]},
         "collective": {"count": 2, "ns": step["gaps_by_cause"]["collective"]["ns"]},
     }
     assert sum(v["ns"] for v in step["gaps_by_cause"].values()) == step["gap_ns"]
@@ -419,3 +506,19 @@ def test_layers_of_gap_neighbours_by_position_or_by_join():
     # a subset of activities (row ids with holes, out of order): looked up by id instead
     sparse = pl.DataFrame({"row": pl.Series([9, 3, 5], dtype=pl.UInt32), "layer": [41, 8, None]})
     assert _layer_of_rows(sparse, pl.Series([3, 9, 4, None], dtype=pl.UInt32)).to_list() == [8, 41, None, None]
+
+
+def test_host_split_counts_only_the_launching_threads_own_calls_and_ranges():
+    other = THREAD + 1
+    api = pl.DataFrame({
+        "start": [1_000, 2_000, 5_000], "end": [4_000, 9_000, 6_000], "global_tid": [THREAD, other, THREAD],
+        "kind": ["sync", "memcpy", "other"], "name": ["cudaStreamSynchronize", "cudaMemcpy", "cudaMalloc"],
+    })
+    nvtx = pl.DataFrame({"start": [0, 6_500], "end": [10_000, 7_500], "global_tid": [other, THREAD],
+                         "end_global_tid": [None, None], "event_type": [59, 59], "name": ["elsewhere", "mine"],
+                         "domain": [None, None]}, schema_overrides={"end_global_tid": pl.Int64, "domain": pl.Utf8})
+    windows = pl.DataFrame({"id": [0, 1], "global_tid": [THREAD, other], "from": [2_000, 3_000], "to": [8_000, 8_000]})
+    split = host_split(windows, host_record(api, nvtx)).sort("id")
+    # thread THREAD, 2-8 us: 2 us of its sync, 1 us of cudaMalloc, 1 us in its range, 2 us plain
+    # thread `other`, 3-8 us: all inside its cudaMemcpy (the range around it is not counted twice)
+    assert split.rows() == [(0, 2_000, 0, 1_000, 1_000, 2_000, "mine"), (1, 0, 5_000, 0, 0, 0, None)]

@@ -7,10 +7,13 @@ add up to the step time:
 * ``small_gap_ns``    N·g: idle intervals up to the gap threshold (``small_gaps`` = N), the
                       node-to-node latency of a graph or the launch latency of eager work
 * ``collective_ns``   C_comm: only collectives run, plus the gaps caused by collectives
-* ``host_ns``         T_host: gaps (above the threshold) caused by the host (``host``, ``sync``,
-                      ``launch``: the wait for cudaGraphLaunch at the step entry)
-* ``other_gap_ns``    gaps caused by ``h2d``, ``graph_boundary`` or ``unknown``
-* ``overhead_ns``     profiler overhead (not the program's time)
+* ``host_ns``         T_host: gaps (above the threshold) whose cause is on the host side (the
+                      launching thread was late: ``sync``, ``copy_call``, ``cuda_call``,
+                      ``nvtx``, ``host``) or launch latency (``launch``: the wait for
+                      cudaGraphLaunch at the step entry, ``kernel_launch``)
+* ``other_gap_ns``    gaps the device side caused, other than collectives (``graph_boundary``,
+                      ``event_wait``, ``copy``, ``unknown``)
+* ``overhead_ns``     profiler overhead and the idle time around it (not the program's time)
 
 Gap counts and totals per cause are kept as well (``gaps_<cause>``, ``gap_ns_<cause>``), and
 ``bound`` names the term that takes the most time: ``gpu`` (busy), ``host``, ``collective``,
@@ -22,12 +25,13 @@ from __future__ import annotations
 
 import polars as pl
 
-from nsys_ledger.checks.gaps import DEVICE_KEY, GAP_CAUSES
+from nsys_ledger.checks.gaps import DEVICE_CAUSES, DEVICE_KEY, GAP_CAUSES, LAUNCH_CAUSES
+from nsys_ledger.checks.host_time import HOST_PARTS
 
 BUDGET_KEY = ["rank", "step", "device"]
-HOST_CAUSES = ("host", "sync", "launch")  # the GPU waited for the CPU (a graph launch is host time too)
+HOST_CAUSES = (*HOST_PARTS, *LAUNCH_CAUSES)  # the GPU waited for the CPU (a launch is host time too)
 COLLECTIVE_CAUSES = ("collective",)
-OTHER_CAUSES = ("h2d", "graph_boundary", "unknown")
+OTHER_CAUSES = tuple(c for c in DEVICE_CAUSES if c not in COLLECTIVE_CAUSES)
 BUDGET_COLUMNS = ["step_ns", "busy_ns", "small_gaps", "small_gap_ns", "collective_ns", "host_ns",
                   "other_gap_ns", "overhead_ns"]
 CAUSE_COLUMNS = [f"gaps_{c}" for c in GAP_CAUSES] + [f"gap_ns_{c}" for c in GAP_CAUSES]

@@ -1,8 +1,9 @@
 """Idle time of the GPU inside decode steps, and why the GPU waited.
 
 One sweep over the device timeline (per process and device, or per stream on request) cuts
-it into segments between consecutive activity boundaries. Every kernel, copy and memset
-counts +1 while it runs; PROFILER_OVERHEAD ranges of the process count on their own. A
+it into segments between consecutive activity boundaries. Every kernel, copy, memset and
+graph replay traced at graph level (timeline.with_graph_level_replays) counts +1 while it
+runs; PROFILER_OVERHEAD ranges of the process count on their own. A
 segment is
 
 * ``busy``        something other than a collective runs (the Σ t_i of the step budget),
@@ -13,30 +14,41 @@ segment is
 
 Segments are given to the decode step whose GPU span (first start to last end of its
 activities on that device) holds them, so idle time between steps and around excluded
-windows (prefill, warm-up) is never a gap. An idle segment longer than the threshold is a
-gap; it carries the activity that ended last before it and the one that started after it,
-and a cause, read from who was late (the event that ended the gap); first match wins:
+windows (prefill, warm-up) is never a gap. A run of idle segments with profiler overhead
+inside is overhead as a whole (nsys's `gpu_gaps` leaves such gaps out too): the profiler's
+flush must not split one idle period into several gaps. An idle segment longer than the
+threshold is a gap; it carries the activity that ended last before it and the one that
+started after it (the activity that ended the gap).
 
-1. ``sync``            a host-blocking synchronize call (cuda*Synchronize, or a CUPTI
-                       event/stream/context sync row) of the process returned inside the gap,
-                       before the next activity's launching call began: the host waited,
-                       then launched late. (A sync that merely spans the gap is no cause: an
-                       overlapping scheduler always waits for the step the GPU runs, with
-                       the next work already queued.)
-2. ``h2d``             a host-to-device copy ends the gap, or a pageable one (which blocks
-                       the host until it is staged) opened it
-3. ``launch``          the next activity is the first kernel of a graph replay and its
-                       `cudaGraphLaunch` returned after the device went idle: the GPU waited
-                       for the host to launch the graph (a ~2000-node graph takes several µs),
-                       whatever copy finished before
-4. ``host``            the next activity's (eager) launching call returned after the device
-                       went idle: the GPU waited for the CPU
-5. ``h2d``             a pinned host-to-device copy ended right before it, launches on time
-6. ``graph_boundary``  the gap separates two graph replays, or a replay and eager work,
-                       while the host was ahead (graph launch latency on the device)
-7. ``collective``      the next kernel is a collective and its launch was not late: it
-                       waited for something outside this process (its peers)
-8. ``unknown``         nothing in the trace explains it (a device-side delay)
+Who was late is decided by time, from the call that launched the activity that ended the gap
+(its host start c0 and return c1) against the gap [t0, t1]. The gap's time is split in three,
+each nanosecond in one (clipped to the gap):
+
+* host   [t0, c0]  the launching call began only after the GPU went idle: the host was late.
+                   This time is split further by what the launching thread did (host_time.py):
+                   ``sync``, ``copy_call``, ``cuda_call``, ``nvtx`` (with the range's name) or
+                   plain ``host`` time.
+* launch [c0, c1]  the call was in flight while the GPU idled: launch latency (for a copy
+                   call: its submission, which for a pageable copy includes the staging).
+* device [c1, t1]  the call had returned and the work was queued: the GPU waited on the
+                   device side.
+
+The side with the most time decides (host on a tie, then launch), and the cause is the
+largest part within it:
+
+* host side:   the largest of ``sync``, ``copy_call``, ``cuda_call``, ``nvtx``, ``host``
+* launch side: ``launch`` when the call is a graph launch (cudaGraphLaunch), ``copy_launch``
+               when it is a memcpy or memset call, else ``kernel_launch``
+* device side, first match: ``collective`` (the activity is a collective: it waited for its
+               peers), ``graph_boundary`` (the gap separates two graph replays, or a replay
+               and eager work), ``event_wait`` (its stream was told to wait on an event, a
+               CUPTI 'Stream wait event' row, after the work before the gap was issued),
+               ``copy`` (the activity is a copy or memset whose call had returned: the copy
+               itself started late), ``unknown``.
+
+So a call that began after half the gap had passed is always host side, and one that had
+returned before the GPU went idle never is. Without a launching call in the trace the whole
+gap is device time.
 
 A ledger may allow the step entry's `launch` gap ([gaps] step_entry_per_launch): such a gap
 keeps its cause and is listed with `step_entry` set, but is no finding (`mark_step_entry_gaps`).
@@ -46,6 +58,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from nsys_ledger.checks.host_time import HOST_PARTS, SPLIT_COLUMNS, HostRecord, host_split
 from nsys_ledger.frames import group_agg
 from nsys_ledger.ledger.model import StepEntryGaps
 
@@ -54,8 +67,10 @@ from nsys_ledger.ledger.model import StepEntryGaps
 COLLECTIVE_REGEX = (
     r"(?i)nccl|cross_device_reduce|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|deep_ep::"
 )
-GAP_CAUSES = ("sync", "h2d", "launch", "host", "graph_boundary", "collective", "unknown")
-BLOCKING_SYNC_TYPES = ("Event sync", "Stream sync", "Context sync")
+LAUNCH_CAUSES = ("launch", "kernel_launch", "copy_launch")
+DEVICE_CAUSES = ("collective", "graph_boundary", "event_wait", "copy", "unknown")
+GAP_CAUSES = (*HOST_PARTS, *LAUNCH_CAUSES, *DEVICE_CAUSES)
+GAP_SIDES = ("host", "launch", "device")
 SEGMENT_KINDS = ("busy", "collective", "overhead", "idle")
 SEGMENT_KIND = pl.Enum(SEGMENT_KINDS)
 
@@ -64,7 +79,9 @@ STREAM_KEY = ["pid", "device", "stream"]
 
 # Activity attributes a gap reports for its neighbours (before_*, after_*).
 NEIGHBOUR_COLUMNS = ["name", "op", "layer", "activity", "copy_kind", "src_kind", "graph_node_id", "correlation",
-                     "api_start", "api_end", "stream"]
+                     "api_start", "api_end", "api_tid", "api_kind", "stream"]
+# The time split of a gap (ns, adding up to its duration): the host-side parts, then the rest.
+SPLIT_FIELDS = [*SPLIT_COLUMNS, "launch_ns", "device_ns"]
 
 GAP_SCHEMA = {
     "rank": pl.Int64, "step": pl.Int64, "pid": pl.Int64, "device": pl.Int64, "stream": pl.Int64,
@@ -73,6 +90,11 @@ GAP_SCHEMA = {
     "after": pl.Utf8, "after_op": pl.Utf8, "after_layer": pl.Int64,
     "before_row": pl.UInt32, "after_row": pl.UInt32,  # the neighbours' `row` ids (null: profiler overhead)
     "step_entry": pl.Boolean,  # an allowed step-entry launch gap (mark_step_entry_gaps): listed, no finding
+    "side": pl.Utf8,  # GAP_SIDES: who was late
+    **{c: pl.Int64 for c in SPLIT_FIELDS},
+    "nvtx_range": pl.Utf8,  # the launching thread's innermost NVTX range at the middle of its NVTX time while late
+    # the host call that launched the activity that ended the gap: its API kind, start, end
+    "call_kind": pl.Utf8, "call_start": pl.Int64, "call_end": pl.Int64,
 }
 
 
@@ -166,10 +188,23 @@ def _group_segments(group: pl.DataFrame, overhead: pl.DataFrame, key: list[str])
         .when(pl.col("_overhead") > 0).then(pl.lit("overhead", SEGMENT_KIND))
         .otherwise(pl.lit("idle", SEGMENT_KIND))
     )
-    return running.filter(pl.col("seg_end") > pl.col("seg_start")).select(
+    segments = running.filter(pl.col("seg_end") > pl.col("seg_start")).select(
         *[pl.lit(value, pl.Int64).alias(k) for k, value in zip(key, key_values)],
         "seg_start", "seg_end", kind.alias("kind"), pl.col("row").alias("before_row"), "after_row",
-    ).collect()
+    )
+    return _overhead_runs(segments).collect()
+
+
+def _overhead_runs(segments: pl.LazyFrame) -> pl.LazyFrame:
+    """Every idle segment of a run of idle and overhead segments (nothing running between two
+    activities) that holds profiler overhead becomes overhead: nsys's `gpu_gaps` leaves out a
+    gap with overhead inside, and the flush must not split one idle period into several gaps."""
+    quiet = pl.col("kind").is_in(["idle", "overhead"])
+    run = (quiet != quiet.shift(1)).fill_null(True).cum_sum()
+    has_overhead = (pl.col("kind") == "overhead").any().over(run)
+    return segments.with_columns(
+        pl.when(quiet & has_overhead).then(pl.lit("overhead", SEGMENT_KIND)).otherwise(pl.col("kind")).alias("kind")
+    )
 
 
 def step_spans(decode_activities: pl.DataFrame) -> pl.DataFrame:
@@ -198,50 +233,31 @@ def segments_in_steps(segments: pl.DataFrame, spans: pl.DataFrame, *, presorted:
     return placed.filter(pl.col("seg_end") <= pl.col("gpu_end")).drop("gpu_start", "gpu_end")
 
 
-def blocking_syncs(api_calls: pl.DataFrame, syncs: pl.DataFrame) -> pl.DataFrame:
-    """Host intervals blocked in a synchronize call, per process: `pid, start, end`.
-
-    cudaStreamWaitEvent is left out: it makes a stream wait, not the host.
-    """
-    calls = api_calls.filter(
-        (pl.col("kind") == "sync") & pl.col("name").str.contains("Synchronize")
-    ).select("pid", "start", "end")
-    rows = syncs.filter(pl.col("sync_type").is_in(list(BLOCKING_SYNC_TYPES))).select("pid", "start", "end")
-    return pl.concat([calls, rows], how="vertical").drop_nulls()
-
-
 def classify_gaps(
-    gaps: pl.DataFrame, activities: pl.DataFrame, sync_windows: pl.DataFrame, collectives: pl.Series | None = None
+    gaps: pl.DataFrame, activities: pl.DataFrame, host: HostRecord, syncs: pl.DataFrame,
+    collectives: pl.Series | None = None,
 ) -> pl.DataFrame:
-    """Add the neighbours' attributes (before_*, after_*) and the `cause` of each gap."""
+    """Add the neighbours' attributes (before_*, after_*), the time split (SPLIT_FIELDS),
+    `nvtx_range` and the `cause` of each gap (the rules are in the module's docstring).
+
+    `host`: host_time.host_record of the trace; `syncs`: its CUPTI synchronization rows (the
+    stream-wait-event rows tell a cross-stream wait)."""
     if collectives is None:
         collectives = collective_names(activities)
     lookup = _neighbour_lookup(activities)
     joined = pl.concat(
         [gaps, _neighbours(lookup, gaps["before_row"], "before"), _neighbours(lookup, gaps["after_row"], "after")],
         how="horizontal",
+    ).with_row_index("_gap")
+    joined = _with_time_split(joined, host).with_columns(_waited_on_event(joined, syncs))
+    host_total = pl.sum_horizontal(pl.col(c) for c in SPLIT_COLUMNS)
+    largest_side = (
+        pl.when((host_total >= pl.col("launch_ns")) & (host_total >= pl.col("device_ns"))).then(pl.lit("host"))
+        .when(pl.col("launch_ns") >= pl.col("device_ns")).then(pl.lit("launch"))
+        .otherwise(pl.lit("device"))
     )
-    joined = joined.with_columns(_sync_before_launch(joined, sync_windows))
-    before_graph = pl.col("before_graph_node_id").is_not_null()
-    after_graph = pl.col("after_graph_node_id").is_not_null()
-    same_replay = (before_graph & after_graph & (pl.col("before_correlation") == pl.col("after_correlation"))).fill_null(False)
-    copy_before = (pl.col("before_copy_kind") == "HtoD").fill_null(False)
-    copy_after = (pl.col("after_copy_kind") == "HtoD").fill_null(False)
-    pageable_before = copy_before & (pl.col("before_src_kind") == "Pageable").fill_null(False)
-    launched_late = (pl.col("after_api_end") > pl.col("start")).fill_null(False)
-    replay_opens = after_graph & ~same_replay
-    after_collective = (pl.col("after_activity") == "kernel") & pl.col("after_name").is_in(collectives.implode())
-    cause = (
-        pl.when(pl.col("_sync")).then(pl.lit("sync"))
-        .when(copy_after | pageable_before).then(pl.lit("h2d"))
-        .when(launched_late & replay_opens).then(pl.lit("launch"))
-        .when(launched_late).then(pl.lit("host"))
-        .when(copy_before).then(pl.lit("h2d"))
-        .when((before_graph | after_graph) & ~same_replay).then(pl.lit("graph_boundary"))
-        .when(after_collective.fill_null(False)).then(pl.lit("collective"))
-        .otherwise(pl.lit("unknown"))
-    )
-    return joined.with_columns(cause.alias("cause")).drop("_sync")
+    joined = joined.with_columns(largest_side.alias("side"))
+    return joined.with_columns(_cause(collectives).alias("cause")).drop("_gap", "_event_wait")
 
 
 def _neighbour_lookup(activities: pl.DataFrame) -> pl.DataFrame:
@@ -265,30 +281,92 @@ def _neighbours(lookup: pl.DataFrame, rows: pl.Series, side: str) -> pl.DataFram
     return found.select(pl.col(c).alias(f"{side}_{c}") for c in NEIGHBOUR_COLUMNS)
 
 
-def _sync_before_launch(gaps: pl.DataFrame, sync_windows: pl.DataFrame) -> pl.Series:
-    """For each gap (in its row order of `gaps`, which carries `after_api_start`): did a
-    blocking sync of its process return after the device went idle and before the next
-    activity's launching call began? The latest sync end at or before that call decides."""
-    if gaps.height == 0 or sync_windows.height == 0:
-        return pl.Series("_sync", [False] * gaps.height, dtype=pl.Boolean)
-    ends = sync_windows.select("pid", pl.col("end").alias("_sync_end")).sort("pid", "_sync_end")
-    probe = (
-        gaps.select("pid", "start", "after_api_start")
-        .with_row_index("_order")
-        .with_columns(pl.col("after_api_start").fill_null(-(2**62)).alias("_launch"))
-        .sort("pid", "_launch")
+def _cause(collectives: pl.Series) -> pl.Expr:
+    """The cause within the gap's side (see the module docstring)."""
+    largest_part = pl.lit(None, pl.Utf8)
+    parts = [(part, pl.col(f"host_{part}_ns")) for part in HOST_PARTS]
+    most = pl.max_horizontal(value for _, value in parts)
+    host_cause = pl.when(pl.lit(False)).then(largest_part)
+    for part, value in parts:  # a tie goes to the earlier part
+        host_cause = host_cause.when(value == most).then(pl.lit(part))
+    host_cause = host_cause.otherwise(pl.lit("host"))
+    launch_cause = (
+        pl.when(pl.col("after_api_kind") == "graph_launch").then(pl.lit("launch"))
+        .when(pl.col("after_api_kind").is_in(["memcpy", "memset"])).then(pl.lit("copy_launch"))
+        .otherwise(pl.lit("kernel_launch"))
     )
+    before_graph = pl.col("before_graph_node_id").is_not_null()
+    after_graph = pl.col("after_graph_node_id").is_not_null()
+    same_replay = (before_graph & after_graph & (pl.col("before_correlation") == pl.col("after_correlation"))).fill_null(False)
+    after_collective = ((pl.col("after_activity") == "kernel") & pl.col("after_name").is_in(collectives.implode())
+                        ).fill_null(False)
+    after_copy = pl.col("after_activity").is_in(["memcpy", "memset"]).fill_null(False)
+    device_cause = (
+        pl.when(after_collective).then(pl.lit("collective"))
+        .when((before_graph | after_graph) & ~same_replay).then(pl.lit("graph_boundary"))
+        .when(pl.col("_event_wait")).then(pl.lit("event_wait"))
+        .when(after_copy).then(pl.lit("copy"))
+        .otherwise(pl.lit("unknown"))
+    )
+    return (
+        pl.when(pl.col("side") == "host").then(host_cause)
+        .when(pl.col("side") == "launch").then(launch_cause)
+        .otherwise(device_cause)
+    )
+
+
+def _with_time_split(gaps: pl.DataFrame, host: HostRecord) -> pl.DataFrame:
+    """The gap's time split by when the host began and ended the call that ended it (`_gap`
+    numbers the gaps): before the call began, what the launching thread did (host_split);
+    while the call ran, `launch_ns`; after it returned, `device_ns`. Without a known launching
+    call the whole gap is device time."""
+    start, end = pl.col("start"), pl.col("end")
+    call_start = pl.col("after_api_start").clip(start, end)
+    call_end = pl.max_horizontal(pl.col("after_api_end").clip(start, end), call_start)
+    known = pl.col("after_api_start").is_not_null()
+    windows = gaps.filter(known).select(
+        pl.col("_gap").cast(pl.Int64).alias("id"), pl.col("after_api_tid").alias("global_tid"),
+        start.alias("from"), call_start.alias("to"),
+    )
+    split = host_split(windows, host)
+    in_call = pl.when(known).then(call_end - call_start).otherwise(0)
+    late_total = pl.when(known).then(call_start - start).otherwise(0)
+    joined = gaps.join(split.rename({"id": "_gap"}).with_columns(pl.col("_gap").cast(pl.UInt32)), on="_gap",
+                       how="left", maintain_order="left")
+    return joined.with_columns(
+        # a launching thread not in the host tables (no thread id): its late time is plain host time
+        *[pl.col(c).fill_null(0) for c in SPLIT_COLUMNS if c != "host_host_ns"],
+        pl.col("host_host_ns").fill_null(late_total),
+        in_call.alias("launch_ns"),
+        pl.when(known).then(end - call_end).otherwise(pl.col("duration")).alias("device_ns"),
+    )
+
+
+def _waited_on_event(gaps: pl.DataFrame, syncs: pl.DataFrame) -> pl.Series:
+    """For each gap (in `_gap` order): was the stream of the activity that ended it told to wait
+    on an event (a CUPTI 'Stream wait event' row of its process and stream) after the work
+    before the gap was issued and before its own launch began?"""
+    waits = syncs.filter(pl.col("sync_type") == "Stream wait event").select(
+        "pid", "stream", pl.col("start").alias("_wait")).drop_nulls()
+    if gaps.height == 0 or waits.height == 0:
+        return pl.Series("_event_wait", [False] * gaps.height, dtype=pl.Boolean)
+    probe = gaps.select(
+        "_gap", "pid", pl.col("after_stream").alias("stream"), "before_api_start",
+        pl.col("after_api_start").fill_null(-(2**62)).alias("_launch"),
+    ).sort("_launch")
     matched = probe.join_asof(
-        ends, left_on="_launch", right_on="_sync_end", by="pid", strategy="backward", check_sortedness=False,
-    ).sort("_order")
-    return (matched["_sync_end"] > matched["start"]).fill_null(False).alias("_sync")
+        waits.sort("_wait"), left_on="_launch", right_on="_wait", by=["pid", "stream"], strategy="backward",
+        check_sortedness=False,
+    ).sort("_gap")
+    return (matched["_wait"] >= matched["before_api_start"]).fill_null(False).alias("_event_wait")
 
 
 def find_gaps(
     activities: pl.DataFrame,
     spans: pl.DataFrame,
     overhead: pl.DataFrame,
-    sync_windows: pl.DataFrame,
+    host: HostRecord,
+    syncs: pl.DataFrame,
     threshold_ns: int,
     *,
     per_stream: bool = False,
@@ -298,7 +376,8 @@ def find_gaps(
     """Gaps above `threshold_ns` inside decode steps (GAP_SCHEMA), with neighbours and cause.
 
     `activities` are all GPU activities (decode or not: the device is busy either way),
-    `spans` the decode steps' GPU spans on each device (step_spans). Device-wide by
+    `spans` the decode steps' GPU spans on each device (step_spans), `host` the trace's
+    host_time.host_record, `syncs` its CUPTI synchronization rows. Device-wide by
     default; per stream with `per_stream`. `segments` may pass a sweep already made with
     the matching key; `collectives` the collective kernel names, when already known.
     """
@@ -313,7 +392,7 @@ def find_gaps(
         "rank", "step", *key, pl.col("seg_start").alias("start"), pl.col("seg_end").alias("end"),
         (pl.col("seg_end") - pl.col("seg_start")).alias("duration"), "before_row", "after_row",
     )
-    classified = classify_gaps(gaps, activities, sync_windows, collectives).with_columns(
+    classified = classify_gaps(gaps, activities, host, syncs, collectives).with_columns(
         # a neighbour without a row is a profiler overhead range
         pl.col(f"{side}_name").fill_null(pl.when(pl.col(f"{side}_row").is_null()).then(pl.lit("profiler overhead")))
         for side in ("before", "after")
@@ -324,7 +403,9 @@ def find_gaps(
         "rank", "step", "pid", "device", "stream", "start", "end", "duration", "cause",
         pl.col("before_name").alias("before"), "before_op", "before_layer",
         pl.col("after_name").alias("after"), "after_op", "after_layer", "before_row", "after_row",
-        pl.lit(False).alias("step_entry"),
+        pl.lit(False).alias("step_entry"), "side", *SPLIT_FIELDS, "nvtx_range",
+        pl.col("after_api_kind").alias("call_kind"), pl.col("after_api_start").alias("call_start"),
+        pl.col("after_api_end").alias("call_end"),
     ).cast(GAP_SCHEMA).sort("rank", "step", "device", "start")
 
 

@@ -17,7 +17,6 @@ from nsys_ledger.attribution.steps import Steps
 from nsys_ledger.checks import budget as budget_mod
 from nsys_ledger.checks.gaps import (
     DEVICE_KEY,
-    blocking_syncs,
     collective_names,
     find_gaps,
     mark_step_entry_gaps,
@@ -25,6 +24,7 @@ from nsys_ledger.checks.gaps import (
     timeline_segments,
 )
 from nsys_ledger.checks.graphs import activity_text, describe_break, graph_breaks, step_replays
+from nsys_ledger.checks.host_time import host_record
 from nsys_ledger.checks.h2d import H2D_POSITIONS, describe_positions, h2d_positions_per_step, step_h2d_copies
 from nsys_ledger.checks.ledger import (
     CheckOutcome,
@@ -56,14 +56,14 @@ def build_timeline(
 ) -> Timeline:
     """Gaps (above `threshold_ns`), budget, H2D copies and graph replays of the decode steps.
     `step_entry`: the ledger's allowance for the graph-launch gap at each step's entry."""
-    activities = steps.activities
+    activities = with_graph_level_replays(steps, trace)
     in_decode = activities.lazy().filter(pl.col("decode").fill_null(False))
     # only the columns the spans and replays read: a filter copies every column it keeps, and
     # decode steps are nearly all of a trace's millions of activities
     decode = in_decode.select(*STEP_KEY, "pid", "device", "start", "end", "activity", "graph_node_id",
                               "correlation", "row").collect()
     overhead = trace.profiler_overhead
-    syncs = blocking_syncs(trace.api_calls, trace.syncs)
+    host = host_record(trace.api_calls, trace.nvtx)
     spans = step_spans(decode)
     replays = step_replays(decode)
     # each wide intermediate is freed before the next is built: the decode copy before the
@@ -71,12 +71,14 @@ def build_timeline(
     del decode
     collectives = collective_names(activities)
     segments = timeline_segments(activities, overhead, DEVICE_KEY, collectives)
-    gaps = find_gaps(activities, spans, overhead, syncs, threshold_ns, segments=segments, collectives=collectives)
+    gaps = find_gaps(activities, spans, overhead, host, trace.syncs, threshold_ns, segments=segments,
+                     collectives=collectives)
     gaps = mark_step_entry_gaps(gaps, graph_launches_per_step(steps), step_entry)
     budget = budget_mod.step_budget(segments, spans, gaps, threshold_ns)
     del segments
     stream_gaps = (
-        find_gaps(activities, spans, overhead, syncs, threshold_ns, per_stream=True, collectives=collectives)
+        find_gaps(activities, spans, overhead, host, trace.syncs, threshold_ns, per_stream=True,
+                  collectives=collectives)
         if per_stream else None
     )
     return Timeline(
@@ -88,6 +90,33 @@ def build_timeline(
         replays=replays,
         breaks=graph_breaks(replays, in_decode),
     )
+
+
+def with_graph_level_replays(steps: Steps, trace: Trace) -> pl.DataFrame:
+    """The step's activities plus one activity per graph replay traced at graph level
+    (GRAPH_TRACE rows, `--cuda-graph-trace=graph`), whose kernels are in no kernel table: the
+    device is busy for the whole replay, so it counts in busy time, the step span and the gaps.
+
+    A replay row is `activity = "graph"`, named "graph <id> replay", with `graph_node_id` set
+    to its exec graph id (it is graph work: two replays meet at a graph boundary), numbered
+    after the other activities (`row`), and placed in the step of the cudaGraphLaunch that
+    launched it (joined on process and correlation id, as kernels are)."""
+    activities = steps.activities
+    replays = trace.graph_replays
+    if replays.height == 0:
+        return activities
+    calls = steps.api_calls.filter(pl.col("correlation").is_not_null()).select(
+        "pid", "correlation", pl.col("start").alias("api_start"), pl.col("end").alias("api_end"),
+        pl.col("global_tid").alias("api_tid"), pl.col("kind").alias("api_kind"), *STEP_KEY, "decode",
+    ).unique(subset=["pid", "correlation"], keep="first")
+    first_row = activities.height
+    rows = replays.sort("start").select(
+        (pl.int_range(pl.len(), dtype=pl.UInt32) + first_row).alias("row"), pl.lit("graph").alias("activity"),
+        "start", "end", "device", "stream", "pid", "correlation",
+        pl.format("graph {} replay", pl.col("graph_id")).alias("name"),
+        pl.col("graph_exec_id").alias("graph_node_id"),
+    ).join(calls, on=["pid", "correlation"], how="left", maintain_order="left")
+    return pl.concat([activities, rows], how="diagonal_relaxed")
 
 
 def graph_launches_per_step(steps: Steps) -> pl.DataFrame:
@@ -124,8 +153,9 @@ def _layer_of_rows(assignments: pl.DataFrame, rows: pl.Series) -> pl.Series:
     on the row ids cost seconds there (2.2 s at 5M kernels)."""
     row = assignments["row"]
     dense = row.len() > 0 and row[0] == 0 and bool((row.diff().drop_nulls() == 1).all())
-    if dense:
-        return assignments["layer"].cast(pl.Int64).gather(rows)
+    if dense:  # rows past the attribution (graph-level replays, with_graph_level_replays) have no layer
+        inside = pl.select(pl.when(rows < row.len()).then(rows)).to_series()
+        return assignments["layer"].cast(pl.Int64).gather(inside)
     lookup = assignments.select(pl.col("row").cast(pl.UInt32), pl.col("layer").cast(pl.Int64)).unique("row")
     found = pl.DataFrame({"row": rows.cast(pl.UInt32)}).join(lookup, on="row", how="left", maintain_order="left")
     return found["layer"]
@@ -266,7 +296,7 @@ def _gap_outcome(table: pl.DataFrame, timeline: Timeline, allowed: int = 0) -> C
     message = (
         f"idle gaps above {threshold / 1000:g} us: {observed} per step in {failing.height} of {table.height} "
         f"steps (steps {steps_text}), by cause: {describe_causes(gaps)}; the largest is "
-        f"{worst['duration'] / 1000:.1f} us ({worst['cause']}) in step {worst['step']}"
+        f"{worst['duration'] / 1000:.1f} us ({_cause_text(worst)}) in step {worst['step']}"
         f"{'' if table['rank'].n_unique() == 1 else ' of rank ' + str(worst['rank'])} "
         f"after {_neighbour(worst, 'before')} before {_neighbour(worst, 'after')}"
     )
@@ -277,6 +307,14 @@ def _gap_outcome(table: pl.DataFrame, timeline: Timeline, allowed: int = 0) -> C
     return _outcome(name, "gaps.threshold_us", expected, table["gaps"], [finding])
 
 
+def _cause_text(gap: dict) -> str:
+    """'nvtx: ensure_layer_3_weights' for a gap the host spent in an NVTX range, else the cause."""
+    name = gap.get("nvtx_range")
+    if gap["cause"] != "nvtx" or not name:
+        return gap["cause"]
+    return f"nvtx: {name if len(name) <= 60 else name[:57] + '...'}"
+
+
 def describe_causes(gaps: pl.DataFrame) -> str:
     """'host 1140 (52.3 ms), h2d 8 (30.1 us)': count and total per cause, largest first."""
     totals = gaps.group_by("cause").agg(pl.len().alias("n"), pl.col("duration").sum().alias("ns"))
@@ -285,14 +323,28 @@ def describe_causes(gaps: pl.DataFrame) -> str:
 
 
 GAP_HINTS = {
+    "sync": "the launching thread was blocked in a synchronize call (e.g. .item() or .tolist()) after the GPU ran "
+            "dry, and launched only after it returned",
+    "copy_call": "the launching thread was inside a memcpy call (a pageable or synchronous copy blocks the host): "
+                 "pin the buffer and copy asynchronously, or move the copy out of the step",
+    "cuda_call": "the launching thread was inside other CUDA calls (cudaMalloc, cudaFree, ...) while the GPU "
+                 "waited: allocate ahead, or use a caching allocator",
+    "nvtx": "the launching thread was busy in its own code (inside NVTX range {range}) while the GPU waited",
+    "host": "the launching thread began the call late, busy with work the trace does not show (Python overhead, "
+            "scheduling, preparing metadata)",
     "launch": "the GPU waited for the host's cudaGraphLaunch (a large graph takes several µs to launch): allow the "
               "step-entry gap in [gaps] step_entry_per_launch, or launch the next graph earlier / make it smaller",
-    "host": "the GPU waited for the CPU to launch (host preparing metadata, Python overhead, eager launches)",
-    "sync": "the host blocked in a synchronize call (e.g. .item() or .tolist()) while the GPU ran dry",
-    "h2d": "a host-to-device copy sits at the gap: move it out of the step or pin its buffer",
-    "graph_boundary": "the gap sits at a graph boundary: the decode graph is split or eager work runs between replays",
-    "collective": "a collective started late: it waited for its peers on the other ranks",
-    "unknown": "nothing in the trace explains the wait (a device-side delay)",
+    "kernel_launch": "the kernel launch call was still in flight when the GPU ran dry: launch latency of eager "
+                     "launches (capture the step in a CUDA graph)",
+    "copy_launch": "a copy call was still in flight when the GPU ran dry (a pageable copy is staged by the host "
+                   "inside the call): pin the buffer and copy asynchronously, ahead of the work that needs it",
+    "collective": "a collective started late although it was queued in time: it waited for its peers on the "
+                  "other ranks",
+    "graph_boundary": "the gap sits at a graph boundary while the host was ahead: the decode graph is split or "
+                      "eager work runs between replays",
+    "event_wait": "the work was queued in time but its stream waited on an event of another stream",
+    "copy": "a copy was queued in time but started late on the device (pageable staging or a busy copy engine)",
+    "unknown": "the work was queued in time and nothing in the trace explains the wait (a device-side delay)",
 }
 
 
@@ -300,7 +352,13 @@ def _gap_hint(gaps: pl.DataFrame) -> str:
     main_cause = gaps.group_by("cause").agg(pl.col("duration").sum()).sort(
         "duration", "cause", descending=[True, False]
     )["cause"][0]
-    return f"mostly {main_cause}: {GAP_HINTS[main_cause]}"
+    hint = GAP_HINTS[main_cause]
+    if main_cause == "nvtx":
+        ranges = gaps.filter(pl.col("cause") == "nvtx").group_by("nvtx_range").agg(pl.col("host_nvtx_ns").sum()).sort(
+            "host_nvtx_ns", "nvtx_range", descending=[True, False], nulls_last=True)
+        name = ranges["nvtx_range"][0] or "?"
+        hint = hint.format(range=f"'{name if len(name) <= 60 else name[:57] + '...'}'")
+    return f"mostly {main_cause}: {hint}"
 
 
 def _rank_outcome(max_pct: float, ranks: RankComparison) -> CheckOutcome:

@@ -7,11 +7,13 @@ import polars as pl
 
 from nsys_ledger.api import Result
 from nsys_ledger.checks.budget import BUDGET_COLUMNS
-from nsys_ledger.checks.gaps import GAP_CAUSES
+from nsys_ledger.checks.gaps import DEVICE_CAUSES, GAP_CAUSES, LAUNCH_CAUSES, SPLIT_FIELDS
+from nsys_ledger.checks.host_time import HOST_PARTS
 from nsys_ledger.checks.h2d import H2D_POSITIONS
 
 GAP_FIELDS = ["rank", "step", "pid", "device", "start", "end", "duration", "cause", "before", "before_op",
-              "before_layer", "after", "after_op", "after_layer", "step_entry"]
+              "before_layer", "after", "after_op", "after_layer", "step_entry", "side", *SPLIT_FIELDS, "nvtx_range",
+              "call_kind", "call_start", "call_end"]
 H2D_FIELDS = ["rank", "step", "device", "stream", "start", "end", "bytes", "memory", "position"]
 BREAK_FIELDS = ["rank", "step", "replay", "kernel_index", "before", "before_op", "before_layer", "after",
                 "after_op", "after_layer", "boundary_ns"]
@@ -45,6 +47,7 @@ def timeline_document(result: Result) -> dict | None:
     return {
         "batch": result.batch,
         "gap_causes": list(GAP_CAUSES),
+        "gap_sides": {"host": list(HOST_PARTS), "launch": list(LAUNCH_CAUSES), "device": list(DEVICE_CAUSES)},
         "list_limit": LIST_LIMIT,
         "gaps_total": timeline.gaps.height,
         "gaps": _longest(timeline.gaps).select(GAP_FIELDS).to_dicts(),

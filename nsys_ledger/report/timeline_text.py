@@ -17,8 +17,10 @@ def timeline_lines(result: Result, table_lines) -> list[str]:
     """`table_lines(rows)` formats rows of cells like the rest of the terminal output."""
     timeline = result.timeline
     table = result.step_table
-    if timeline is None or table.height == 0:
+    if timeline is None:
         return []
+    if table.height == 0:
+        return _no_step_gaps(result)
     lines = _budget(table, table_lines, result.gap_threshold_ns)
     lines += _gap_summary(timeline.gaps, timeline.threshold_ns, "gaps    ")
     if timeline.stream_gaps is not None:
@@ -43,7 +45,7 @@ def _budget(table: pl.DataFrame, table_lines, threshold_ns: int) -> list[str]:
         ))
     lines = [
         f"step time budget (us): T_step = busy Σt + N·g (gaps up to {threshold_ns / 1000:g} us) + C_comm "
-        "(collectives) + T_host (host, sync and launch gaps) + other gaps",
+        "(collectives) + T_host (host-side and launch gaps) + other gaps",
         *table_lines(rows),
     ]
     if table.height > MAX_ROWS:
@@ -53,6 +55,14 @@ def _budget(table: pl.DataFrame, table_lines, threshold_ns: int) -> list[str]:
         f"{n} of {table.height} steps {bound}-bound" for bound, n in bounds.iter_rows() if bound
     ) + " (the largest term of the budget)")
     return lines
+
+
+def _no_step_gaps(result: Result) -> list[str]:
+    """Gaps are measured inside decode steps only: say so, and how to get them anyway."""
+    if result.steps.method == "capture":
+        return ["gaps    none measured: the capture holds no GPU activity"]
+    return ["gaps    none measured: no decode step (gaps are measured inside decode steps)",
+            "        --step-method capture takes the whole capture of each process as one step"]
 
 
 def _gap_summary(gaps: pl.DataFrame, threshold_ns: int, label: str) -> list[str]:
