@@ -249,11 +249,11 @@ def test_layer_fault_found_by_inference(tmp_path, expectations):
 
 
 def test_terminal_prints_coverage_and_inference(results):
-    graph = click.unstyle(render(results("glm5-graph-healthy.sqlite")))
+    graph = click.unstyle(render(results("glm5-graph-healthy.sqlite"), width=1000))  # unwrapped
     assert ("layers    99.8% of 8,008 decode kernels have a layer, 78 layers (capture-time NVTX 7,992, "
             "outside any layer 16)") in graph
     assert "INFERRED" not in graph
-    eager = click.unstyle(render(results("glm5-eager-no-nvtx.sqlite")))
+    eager = click.unstyle(render(results("glm5-eager-no-nvtx.sqlite"), width=1000))
     assert "layers    99.8% of 8,008 decode kernels have a layer, 78 layers (inferred 7,992, outside any layer 16)" in eager
     assert ("layers INFERRED in 4 decode steps (no layer-wise NVTX range; 4 exact by anchor): each layer holds one "
             "sparse_mla and opens at the last fused_add_rmsnorm before it (layer 0 at the first fused_add_rmsnorm or "

@@ -1,0 +1,89 @@
+"""The first hour with the CLI (issue 19): the terminal fits its width, integers print as
+integers, and the options a new user tries first do what they say."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+import nsys_ledger
+from nsys_ledger.cli import main
+from nsys_ledger.ledger import load_expectations
+from nsys_ledger.report.layout import fit_lines, fit_table
+from nsys_ledger.report.terminal import render
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLES = ROOT / "sample_traces"
+EXPECTATIONS = ROOT / "expectations"
+GLM = EXPECTATIONS / "glm-5.3-tp8-ep8.toml"
+
+
+def widest(text: str) -> int:
+    return max(len(click.unstyle(line)) for line in text.splitlines())
+
+
+# ---- the terminal fits its width --------------------------------------------------------------
+
+WIDTH_CASES = [
+    ("glm5-graph-broken-fusion.sqlite", "glm-5.3-tp8-ep8.toml"),
+    ("glm5-graph-healthy.sqlite", None),  # summary: the most launched kernels
+    ("glm5-graph-2ranks-slow-rank1.sqlite", "glm-5.3-tp8-ep8.toml"),  # rank column, rank table
+    ("glm5-mtp-graph-missing-draft.sqlite", "glm-5.3-tp8-ep8-mtp.toml"),
+    ("glm5-eager-no-nvtx.sqlite", "glm-5.3-tp8-ep8.toml"),  # inferred layers: the longest prose
+    ("dsv32-graph-layer41.sqlite", "deepseek-v3.2-tp8-ep8.toml"),
+]
+
+
+@pytest.mark.parametrize("sample, ledger", WIDTH_CASES)
+def test_nothing_wraps_at_100_columns(sample, ledger):
+    result = nsys_ledger.check(SAMPLES / sample, load_expectations(EXPECTATIONS / ledger) if ledger else None)
+    unfitted = render(result, width=10_000)
+    assert widest(unfitted) > 100  # the sample does have lines a fixed layout would print wider
+    assert widest(render(result, width=100)) <= 100
+
+
+def test_columns_sets_the_width_and_every_word_survives_the_wrapping():
+    args = ["check", str(SAMPLES / "glm5-graph-broken-fusion.sqlite"), "--expect", str(GLM)]
+    narrow = CliRunner().invoke(main, args, env={"COLUMNS": "72"})
+    wide = CliRunner().invoke(main, args, env={"COLUMNS": "400"})
+    assert narrow.exit_code == wide.exit_code == 1
+    assert widest(narrow.output) <= 72 < widest(wide.output)
+    # wrapped, not cut: the findings say the same words
+    assert " ".join(narrow.output.split()).count("per_token_group_quant kernels: 231 per step, expected 75") == 1
+    assert "in 4 of 4 steps (steps 0-3): too many" in " ".join(narrow.output.split())
+
+
+def test_counts_print_as_integers_with_separators():
+    result = nsys_ledger.check(SAMPLES / "glm5-graph-broken-fusion.sqlite", load_expectations(GLM))
+    text = click.unstyle(render(result, width=100))
+    assert "ops       2,158 decode kernels per step: specific op 1,824 (84.5%)" in text
+    assert "2,158.0" not in text and "1,824.0" not in text
+    step_rows = [line.split() for line in text.splitlines() if line.startswith("  0     5 ")]
+    # step 0: 5 submissions, 2,158 kernels, 67.4 per token (2,158 / batch 32), time with a separator
+    assert step_rows[0][:4] == ["0", "5", "2,158", "67.4"] and step_rows[0][-1] == "29,536.6"
+    assert "per step (kernels/token: kernels per step / 32 tokens of the batch):" in text
+    assert "k/token@" not in text
+
+
+def test_a_wide_table_of_numbers_splits_into_blocks_that_repeat_the_key_column():
+    rows = [("step", *(f"column_{i:02d}" for i in range(12)))] + [
+        (str(step), *(f"{step * 1000 + i:,}" for i in range(12))) for step in range(3)
+    ]
+    lines = [click.unstyle(line) for line in fit_table(rows, 60)]
+    assert max(map(len, lines)) <= 60
+    headers = [line.split() for line in lines if line.strip().startswith("step")]
+    # indent 2 + "step" 4 + 4 x (gap 2 + 9) = 50; a fifth column would make 61
+    assert len(headers) == 3
+    assert [h[1:] for h in headers][0] == ["column_00", "column_01", "column_02", "column_03"]
+    assert [h[1] for h in headers] == ["column_00", "column_04", "column_08"]
+    assert lines[1].split() == ["0", "0", "1", "2", "3"]
+
+
+def test_a_wrapped_line_continues_under_its_label():
+    line = "steps     " + " ".join(["word"] * 30)
+    wrapped = fit_lines([line], 40)
+    assert wrapped[0].startswith("steps     word") and all(w.startswith(" " * 10 + "word") for w in wrapped[1:])
+    assert " ".join(" ".join(wrapped).split()) == " ".join(line.split())
