@@ -104,6 +104,9 @@ def main() -> None:
               help="Write JUnit XML (one test case per check) to this file.")
 @click.option("--markdown", "markdown_path", type=click.Path(path_type=str),
               help="Write a short Markdown summary (CI step summary, PR comment) to this file.")
+@click.option("--summary-only", is_flag=True,
+              help="No ledger on purpose: let --junit/--markdown report the trace without gating it "
+                   "(without --expect they refuse, so that a CI job cannot pass with no ledger checked).")
 @click.option("-j", "--jobs", type=click.IntRange(1), default=None,
               help="Processes for several trace files (default: one per file, at most one per core).")
 @click.option("--dask", "dask_address", metavar="ADDRESS",
@@ -119,7 +122,7 @@ def main() -> None:
               help="Write the worst and a representative decode step as a Chrome trace (Perfetto UI, "
                    "chrome://tracing): kernels per stream, copies, launch calls, gaps, findings.")
 def check(traces, captures, trace_out, expect, step_nvtx, step_method, gap_us, batch, per_stream_gaps, json_path,
-          html_path, junit_path, markdown_path, jobs, dask_address, no_cache) -> None:
+          html_path, junit_path, markdown_path, summary_only, jobs, dask_address, no_cache) -> None:
     """Count the kernels of every decode step in TRACE and compare them with the ledger.
 
     \b
@@ -132,6 +135,8 @@ def check(traces, captures, trace_out, expect, step_nvtx, step_method, gap_us, b
 
     \b
     Exit codes: 0 pass (or summary without --expect), 1 ledger violated, 2 bad input.
+    --junit and --markdown without --expect are refused (exit 2) unless --summary-only says
+    that no ledger is meant.
     \b
     In CI:
       nsys-ledger check trace.sqlite --expect ledger.toml --html report.html --junit junit.xml \\
@@ -152,6 +157,12 @@ def check(traces, captures, trace_out, expect, step_nvtx, step_method, gap_us, b
                                     ("trace-out", write_chrome_trace, trace_out))
         if path
     ]
+    _reject_ledgers_given_as_traces(traces)
+    if (junit_path or markdown_path) and not expect and not summary_only:
+        _fail("--junit/--markdown gate a CI job on a ledger and none was given: add --expect FILE "
+              "(or --summary-only to write them without checking one)")
+    if expect and summary_only:
+        raise click.UsageError("--summary-only and --expect exclude each other")
     if captures:
         result = _check_with_captures(traces, captures, expect, step_nvtx=step_nvtx, step_method=step_method,
                                       gap_us=gap_us, batch=batch, per_stream_gaps=per_stream_gaps)
@@ -163,6 +174,30 @@ def check(traces, captures, trace_out, expect, step_nvtx, step_method, gap_us, b
     for label, writer, target in outputs:
         _write_output(writer, result, target, label)
     sys.exit(result.exit_code)
+
+
+LEDGER_TABLES = ("model", "params", "steps", "ops", "anchors", "total", "layers")
+
+
+def _reject_ledgers_given_as_traces(paths) -> None:
+    """A ledger passed where a trace goes (`check trace.sqlite ledger.toml`): say to use --expect,
+    not that the TOML file is no SQLite database."""
+    import tomllib
+
+    for path in paths:
+        candidate = Path(path)
+        if not candidate.is_file() or candidate.stat().st_size > 4 << 20:
+            continue
+        if candidate.suffix.lower() != ".toml":
+            with candidate.open("rb") as fh:
+                if b"\0" in fh.read(4096):  # binary: an SQLite file or an archive, not TOML
+                    continue
+        try:
+            document = tomllib.loads(candidate.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, tomllib.TOMLDecodeError, OSError):
+            continue
+        if any(table in document for table in LEDGER_TABLES):
+            raise InputError(path, "this is a ledger (expectations TOML), not a trace: pass it with --expect FILE")
 
 
 def _check_with_captures(traces, captures, expect, **options):
@@ -222,6 +257,7 @@ def diff(before, after, expect, step_nvtx, step_method, gap_us, allow_launches, 
         for label, writer, path in (("json", write_diff_json, json_path), ("html", write_diff_html, html_path))
         if path
     ]
+    _reject_ledgers_given_as_traces((before, after))
     expectations_ = load_expectations(expect) if expect else None
     options = dict(step_nvtx=step_nvtx, step_method=step_method, gap_us=gap_us)
     result = diff_results(
