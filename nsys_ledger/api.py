@@ -133,6 +133,15 @@ class Result:
         return f"{len(self.findings)} finding(s) in {checks} checks on {steps} decode steps"
 
 
+def _unmatched_step_nvtx(nvtx: pl.DataFrame, regex: str, steps) -> list[str]:
+    """A --step-nvtx that matches no range would otherwise be ignored without a word."""
+    if nvtx.filter(pl.col("name").str.contains(regex)).height:
+        return []
+    instead = (f"steps found by {steps.method} instead" if steps.method not in ("nvtx", "none")
+               else "no decode step found")
+    return [f"--step-nvtx /{regex}/ matches none of the trace's {nvtx.height:,} NVTX ranges: {instead}"]
+
+
 def check(
     trace: str | Path | Trace,
     expectations: str | Path | Expectations | None = None,
@@ -184,6 +193,8 @@ def check(
     coverage = op_coverage(steps.activities, steps.decode, expectations) if expectations else None
 
     notices: list[str] = list(trace.meta.warnings)
+    if step_nvtx:
+        notices += _unmatched_step_nvtx(trace.nvtx, step_nvtx, steps)
     outcomes: list[CheckOutcome] = []
     graph_level = _graph_level_replays(trace)
     if graph_level:

@@ -19,6 +19,7 @@ from nsys_ledger.errors import InputError
 from nsys_ledger.report.text import printable
 
 EXIT_INPUT_ERROR = 2
+STDOUT = "-"  # `--json -`: the document on stdout, as Unix tools read `-`
 
 
 def _fail(message: str) -> None:
@@ -97,7 +98,8 @@ def main() -> None:
 @click.option("--batch", type=click.IntRange(1), default=None,
               help="Requests per decode step, for kernels per output token (default: the expectations' batch).")
 @click.option("--per-stream-gaps", is_flag=True, help="Also find the idle gaps of every stream on its own.")
-@click.option("--json", "json_path", type=click.Path(path_type=str), help="Write the JSON result to this file.")
+@click.option("--json", "json_path", type=click.Path(path_type=str),
+              help="Write the JSON result to this file (`-`: to stdout, the report then goes to stderr).")
 @click.option("--html", "html_path", type=click.Path(path_type=str),
               help="Write the triage report (one self-contained HTML file) to this file.")
 @click.option("--junit", "junit_path", type=click.Path(path_type=str),
@@ -150,10 +152,12 @@ def check(traces, captures, trace_out, expect, step_nvtx, step_method, gap_us, b
     from nsys_ledger.report.markdown import write_markdown
     from nsys_ledger.report.terminal import render
 
+    json_to_stdout = json_path == STDOUT
     outputs = [
         (label, writer, _writable(path))
-        for label, writer, path in (("json", write_json, json_path), ("html", write_html, html_path),
-                                    ("junit", write_junit, junit_path), ("markdown", write_markdown, markdown_path),
+        for label, writer, path in (("json", write_json, None if json_to_stdout else json_path),
+                                    ("html", write_html, html_path), ("junit", write_junit, junit_path),
+                                    ("markdown", write_markdown, markdown_path),
                                     ("trace-out", write_chrome_trace, trace_out))
         if path
     ]
@@ -170,9 +174,14 @@ def check(traces, captures, trace_out, expect, step_nvtx, step_method, gap_us, b
         result = check_many(traces, expect, workers=jobs, keep_events=bool(html_path or trace_out),
                             dask=dask_address, step_nvtx=step_nvtx, step_method=step_method, gap_us=gap_us,
                             batch=batch, per_stream_gaps=per_stream_gaps, cache=not no_cache)
-    click.echo(render(result))
+    # with --json -, stdout holds the JSON document alone: the report and the file list go to stderr
+    click.echo(render(result), err=json_to_stdout)
+    if json_to_stdout:
+        from nsys_ledger.report.json_report import dumps_indented, result_document
+
+        click.echo(dumps_indented(result_document(result)))
     for label, writer, target in outputs:
-        _write_output(writer, result, target, label)
+        _write_output(writer, result, target, label, err=json_to_stdout)
     sys.exit(result.exit_code)
 
 
@@ -209,12 +218,12 @@ def _check_with_captures(traces, captures, expect, **options):
     return check_with_captures(traces[0], list(captures), expect, **options)[0]
 
 
-def _write_output(writer, result, target: Path, label: str) -> None:
+def _write_output(writer, result, target: Path, label: str, err: bool = False) -> None:
     try:
         writer(result, target)
     except OSError as error:  # checked before the work, but a disk can fill up meanwhile
         raise InputError(target, f"cannot write output: {error.strerror or error}") from None
-    click.echo(f"{label:<9} {target}")
+    click.echo(f"{label:<9} {target}", err=err)
 
 
 @main.command()
@@ -230,7 +239,8 @@ def _write_output(writer, result, target: Path, label: str) -> None:
               help="Extra kernel launches per step (median; in all, per op, per layer group) still not worse.")
 @click.option("--max-slowdown", type=click.FloatRange(0), default=None,
               help="Also worse when the p90 step time rose by more than this percentage (default: not checked).")
-@click.option("--json", "json_path", type=click.Path(path_type=str), help="Write the diff as JSON to this file.")
+@click.option("--json", "json_path", type=click.Path(path_type=str),
+              help="Write the diff as JSON to this file (`-`: to stdout, the text then goes to stderr).")
 @click.option("--html", "html_path", type=click.Path(path_type=str), help="Write the diff as an HTML page.")
 def diff(before, after, expect, step_nvtx, step_method, gap_us, allow_launches, max_slowdown, json_path,
          html_path) -> None:
@@ -252,9 +262,11 @@ def diff(before, after, expect, step_nvtx, step_method, gap_us, allow_launches, 
     from nsys_ledger.ledger import load_expectations
     from nsys_ledger.report.diff_report import render_diff, write_diff_html, write_diff_json
 
+    json_to_stdout = json_path == STDOUT
     outputs = [
         (label, writer, _writable(path))
-        for label, writer, path in (("json", write_diff_json, json_path), ("html", write_diff_html, html_path))
+        for label, writer, path in (("json", write_diff_json, None if json_to_stdout else json_path),
+                                    ("html", write_diff_html, html_path))
         if path
     ]
     _reject_ledgers_given_as_traces((before, after))
@@ -265,9 +277,15 @@ def diff(before, after, expect, step_nvtx, step_method, gap_us, allow_launches, 
         run_check(after, expectations_, **options),
         WorseningRule(extra_launches_per_step=allow_launches, step_time_slowdown_pct=max_slowdown),
     )
-    click.echo(render_diff(result))
+    click.echo(render_diff(result), err=json_to_stdout)
+    if json_to_stdout:
+        import json
+
+        from nsys_ledger.report.diff_report import diff_document
+
+        click.echo(json.dumps(diff_document(result), indent=2, ensure_ascii=False))
     for label, writer, target in outputs:
-        _write_output(writer, result, target, label)
+        _write_output(writer, result, target, label, err=json_to_stdout)
     sys.exit(result.exit_code)
 
 
@@ -416,6 +434,42 @@ def learn(traces, out, base, tolerance, named_params, from_steps, step_nvtx, ste
         sys.exit(result.exit_code)
 
 
+# What each `synth --fault` does to the decode steps (synth/generate.py and synth/schedule.py).
+FAULT_HELP = {
+    "broken_fusion": "norm+quant fusion broken: per_token_group_quant alone (231 per step, not 75)",
+    "chunked_indexer": "the indexer's paged_mqa_logits runs in 3 chunks (63 per step, not 21)",
+    "extra_gaps": "device idle gaps of unknown cause before o_proj in layers 12, 40 and 68",
+    "extra_h2d": "a fourth host-to-device copy per step (positions)",
+    "split_graph": "the decode graph captured as two: 2 replays per step with an H2D copy between",
+    "layer_fault": "layer 41 launches one kernel more than its peers",
+    "pageable_h2d": "the sampling parameters copied from pageable host memory",
+    "extra_gaps_host": "the host prepares sampling only after the replay: a host-bound gap",
+    "extra_gaps_sync": "a cudaStreamSynchronize between the H2D copies and the graph launch",
+    "extra_gaps_collective": "two collectives start late on the device, waiting for their peers",
+    "extra_gaps_graph": "the decode graph split in two, the second replay starting late on the device",
+    "missing_draft_replay": "MTP topology only: the draft graph is not replayed",
+}
+
+
+def _list_faults(ctx, param, value) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    from nsys_ledger.synth import FAULTS
+    from nsys_ledger.synth.generate import TOPOLOGY_FAULTS
+
+    for fault in FAULTS + TOPOLOGY_FAULTS:
+        click.echo(f"{fault:<22} {FAULT_HELP.get(fault, '')}".rstrip())
+    ctx.exit(0)
+
+
+KINETO_SUFFIX = ".trace.json.gz"  # what the PyTorch profiler names its files, and what `check` recognises
+
+
+def _kineto_path(out: str) -> str:
+    """OUT with the profiler's suffix, unless it already names a (gzip) JSON file."""
+    return out if out.endswith((".json.gz", ".json")) else out + KINETO_SUFFIX
+
+
 @main.command()
 @click.argument("out", type=click.Path(path_type=str))
 @click.option("--mode", type=click.Choice(["graph", "eager"]), default="graph", show_default=True)
@@ -424,6 +478,8 @@ def learn(traces, out, base, tolerance, named_params, from_steps, step_nvtx, ste
 @click.option("--batch", type=click.IntRange(1), default=32, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--fault", "faults", multiple=True, help="Inject a fault (repeatable); see --list-faults.")
+@click.option("--list-faults", is_flag=True, expose_value=False, is_eager=True, callback=_list_faults,
+              help="List the faults --fault injects, and exit.")
 @click.option("--step-nvtx/--no-step-nvtx", default=False, help="Wrap each forward pass in an NVTX range.")
 @click.option("--nsys-version", default="2026.2", show_default=True,
               help="Write the export layout of this nsys release: 2021, 2022, 2023.1, 2023.2, 2023.3, 2024, "
@@ -439,7 +495,8 @@ def learn(traces, out, base, tolerance, named_params, from_steps, step_nvtx, ste
               default="sqlite", show_default=True,
               help="sqlite: one file; parquetdir / arrowdir: a directory with one file per table, as `nsys "
                    "export --type parquetdir` / `arrowdir` writes; kineto: the PyTorch profiler's gzip JSON "
-                   "(OUT.trace.json.gz) of the same run, as SGLang's torch profile writes it (one rank).")
+                   "(OUT.trace.json.gz unless OUT ends in .json.gz or .json) of the same run, as SGLang's torch "
+                   "profile writes it (one rank).")
 @click.option("--deepgemm-layout", type=click.Choice(["2025-02", "2025-07", "sglang-2026", "b200"]),
               default="sglang-2026", show_default=True,
               help="Name the DeepGEMM kernels as this build did: 2025-02 fp8_gemm_kernel<N, K, ...>, 2025-07 "
@@ -467,6 +524,8 @@ def synth(out, mode, steps, ranks, batch, seed, faults, step_nvtx, nsys_version,
         era_for_version(nsys_version)
     except ValueError as error:
         raise click.BadParameter(str(error), param_hint="--nsys-version") from None
+    if out_format == "kineto":
+        out = _kineto_path(out)
     columnar = out_format in ("parquetdir", "arrowdir")
     if columnar:
         _empty_directory(out)

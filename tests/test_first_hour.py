@@ -87,3 +87,62 @@ def test_a_wrapped_line_continues_under_its_label():
     wrapped = fit_lines([line], 40)
     assert wrapped[0].startswith("steps     word") and all(w.startswith(" " * 10 + "word") for w in wrapped[1:])
     assert " ".join(" ".join(wrapped).split()) == " ".join(line.split())
+
+
+# ---- options that did not do what they said --------------------------------------------------
+
+HEALTHY = str(SAMPLES / "glm5-graph-healthy.sqlite")
+
+
+def test_json_dash_writes_the_document_to_stdout_and_the_report_to_stderr(tmp_path, monkeypatch):
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ["check", HEALTHY, "--expect", str(GLM), "--json", "-"])
+    assert result.exit_code == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert document["verdict"] == "pass" and [s["kernels"] for s in document["steps"]] == [2002] * 4
+    assert "PASS all 18 checks passed on 4 decode steps" in result.stderr
+    assert not (tmp_path / "-").exists()
+    diff = CliRunner().invoke(main, ["diff", HEALTHY, HEALTHY, "--json", "-"])
+    assert diff.exit_code == 0 and json.loads(diff.stdout)["worse"] is False
+    assert "NOT WORSE" in diff.stderr and not (tmp_path / "-").exists()
+
+
+def test_a_step_nvtx_that_matches_nothing_is_said():
+    result = nsys_ledger.check(SAMPLES / "glm5-graph-healthy.sqlite", step_nvtx="no_such_range")
+    count = result.trace.nvtx.height
+    assert count == 4452  # the sample's NVTX ranges (the totals line prints the same figure)
+    assert result.notices == (
+        f"--step-nvtx /no_such_range/ matches none of the trace's {count:,} NVTX ranges: steps found by graph instead",
+    )
+    forced = nsys_ledger.check(SAMPLES / "glm5-graph-healthy.sqlite", step_nvtx="no_such_range", step_method="nvtx")
+    assert forced.notices[-1].endswith(": no decode step found") and forced.step_table.height == 0
+    matching = nsys_ledger.check(SAMPLES / "glm5-eager-healthy.sqlite", step_nvtx="decode bs=")
+    assert not any("--step-nvtx" in notice for notice in matching.notices)
+
+
+def test_synth_lists_its_faults():
+    from nsys_ledger.synth import FAULTS
+    from nsys_ledger.synth.generate import TOPOLOGY_FAULTS
+
+    assert "--list-faults" in CliRunner().invoke(main, ["synth", "--help"]).output
+    result = CliRunner().invoke(main, ["synth", "--list-faults"])
+    assert result.exit_code == 0
+    lines = result.output.splitlines()
+    assert [line.split()[0] for line in lines] == list(FAULTS + TOPOLOGY_FAULTS)
+    assert all(len(line.split()) > 3 for line in lines)  # each one described
+    assert lines[0] == ("broken_fusion          norm+quant fusion broken: per_token_group_quant alone "
+                        "(231 per step, not 75)")
+    assert max(map(len, lines)) <= 100
+
+
+def test_synth_kineto_gets_the_documented_suffix(tmp_path):
+    result = CliRunner().invoke(main, ["synth", str(tmp_path / "run"), "--format", "kineto", "--steps", "1"])
+    assert result.exit_code == 0, result.output
+    assert [p.name for p in tmp_path.iterdir()] == ["run.trace.json.gz"]
+    assert result.output.startswith(f"wrote {tmp_path / 'run.trace.json.gz'}: ")
+    named = CliRunner().invoke(main, ["synth", str(tmp_path / "mine.json.gz"), "--format", "kineto", "--steps", "1"])
+    assert named.exit_code == 0 and (tmp_path / "mine.json.gz").is_file()
+    checked = nsys_ledger.check(tmp_path / "run.trace.json.gz", load_expectations(GLM))
+    assert checked.step_table["kernels"].to_list() == [2002]
