@@ -132,6 +132,17 @@ class Result:
             return f"all {checks} checks passed on {steps} decode steps"
         return f"{len(self.findings)} finding(s) in {checks} checks on {steps} decode steps"
 
+    def to_pandas(self) -> dict[str, "pandas.DataFrame"]:
+        """The result's tables as pandas DataFrames, for notebooks (as HTA hands out its frames):
+        `steps` (one row per decode step), `ops` (kernels per step and op), `gaps` (idle gaps
+        with their cause) and `kernels` (every decode kernel with its step, op and times)."""
+        import pandas  # noqa: F401  (2.5 s to import: only when asked; polars converts through it)
+
+        activities = self.steps.activities
+        kernels = activities.filter(pl.col("decode").fill_null(False) & (pl.col("activity") == "kernel"))
+        frames = {"steps": self.step_table, "ops": self.op_table, "gaps": self.gaps, "kernels": kernels}
+        return {name: frame.to_pandas() for name, frame in frames.items()}
+
 
 def _unmatched_step_nvtx(nvtx: pl.DataFrame, regex: str, steps) -> list[str]:
     """A --step-nvtx that matches no range would otherwise be ignored without a word."""
