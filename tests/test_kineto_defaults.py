@@ -14,10 +14,11 @@ import pytest
 import nsys_ledger
 from nsys_ledger.multifile import expand_trace_paths
 
-KINETO = Path(__file__).resolve().parents[1].parent / "shared" / "real_traces" / "kineto"
+from shared_data import KINETO_TRACES as KINETO, needs_shared
+
 HF_H100 = KINETO / "AMD-AGI__TraceLens__h100_Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz"
 
-pytestmark = pytest.mark.skipif(not HF_H100.is_file(), reason="shared real traces not present")
+pytestmark = needs_shared(HF_H100)
 
 
 def _counted_from_json() -> tuple[int, int]:

@@ -21,12 +21,13 @@ from nsys_ledger.report.json_report import result_document
 from nsys_ledger.report.terminal import render
 from nsys_ledger.synth import generate
 from nsys_ledger.synth.schedule import decode_schedule
+from shared_data import REAL_TRACES, needs_shared
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "sample_traces"
 GLM = ROOT / "expectations" / "glm-5.3-tp8-ep8.toml"
 MANIFEST = json.loads((SAMPLES / "manifest.json").read_text())
-LLAMA3 = ROOT.parent / "shared" / "real_traces" / "Sh1mwww__llama3-inference__real_inference_simulation.sqlite"
+LLAMA3 = REAL_TRACES / "Sh1mwww__llama3-inference__real_inference_simulation.sqlite"
 
 
 @pytest.fixture(scope="module")
@@ -281,7 +282,7 @@ def test_json_per_layer_counts_are_compact(results):
     assert (finding["check"], finding["layers"]) == ("layer_uniform", "41")
 
 
-@pytest.mark.skipif(not LLAMA3.exists(), reason="real exports not available")
+@needs_shared(LLAMA3)
 def test_default_layer_regex_on_a_real_trace():
     """No expectations: the default regex still names the `layer_M_token_N` ranges' layers."""
     result = nsys_ledger.check(LLAMA3, step_nvtx=r"^token_\d+_processing$")
