@@ -193,7 +193,7 @@ def render_diff_html(diff: TraceDiff) -> str:
              f"resolved: {', '.join(diff.resolved_findings) or 'none'}"),
         "</main>",
     ])
-    return page(f"nsys-ledger diff: {verdict}", body, with_charts=True)
+    return page(f"nsys-ledger diff: {verdict}", body)
 
 
 def write_diff_html(diff: TraceDiff, path: str | Path) -> None:

@@ -58,7 +58,7 @@ def render_html(result: Result) -> str:
         "</main>",
     ])
     title = f"nsys-ledger {result.verdict.upper()}: {Path(result.trace.path).name}"
-    return page(title, body, with_charts=True)
+    return page(title, body)
 
 
 def verdict_line(result: Result) -> str:

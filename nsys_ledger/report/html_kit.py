@@ -86,6 +86,9 @@ def _cell(cell: object) -> str:
     return f"<td{attributes}>{content}</td>"
 
 
+FIGURE_MARK = "data-figure="  # every chart's embedded figure carries it (`figure`)
+
+
 def figure(figure_id: str, fig: go.Figure, *, height: int | None = None) -> str:
     """A chart placeholder and its figure as embedded JSON; the page script draws it."""
     if height is not None:
@@ -102,8 +105,10 @@ def note(text: str) -> str:
     return f'<p class="note">{esc(text)}</p>'
 
 
-def page(title: str, body: str, *, with_charts: bool) -> str:
-    """The whole document: styles, body, plotly.js once (when there are charts), scripts."""
+def page(title: str, body: str) -> str:
+    """The whole document: styles, body, plotly.js once (only when the body holds a chart:
+    4.8 MB of the page), scripts."""
+    with_charts = FIGURE_MARK in body
     plotly_js = f"<script>{get_plotlyjs()}</script>" if with_charts else ""
     return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
@@ -145,7 +150,7 @@ tr.failing td{background:#fff5f5}
 td.name{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:12px;word-break:break-all}
 caption{caption-side:bottom;text-align:left;color:#57606a;font-size:12px;padding-top:4px}
 .note{color:#57606a;font-style:italic}
-.chart{width:100%;min-height:200px}
+.chart{width:100%;min-height:200px;overflow-x:auto}
 .scroll{max-height:480px;overflow:auto;border:1px solid #d0d7de}
 .scroll table{margin:0}.scroll th{position:sticky;top:0}
 dl.facts{display:grid;grid-template-columns:max-content 1fr;gap:4px 16px;font-size:14px}
