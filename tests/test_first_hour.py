@@ -3,9 +3,11 @@ integers, and the options a new user tries first do what they say."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import click
+import polars as pl
 import pytest
 from click.testing import CliRunner
 
@@ -14,6 +16,7 @@ from nsys_ledger.cli import main
 from nsys_ledger.ledger import load_expectations
 from nsys_ledger.report.layout import fit_lines, fit_table
 from nsys_ledger.report.terminal import render
+from shared_data import REFERENCE, needs_shared
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "sample_traces"
@@ -146,3 +149,76 @@ def test_synth_kineto_gets_the_documented_suffix(tmp_path):
     assert named.exit_code == 0 and (tmp_path / "mine.json.gz").is_file()
     checked = nsys_ledger.check(tmp_path / "run.trace.json.gz", load_expectations(GLM))
     assert checked.step_table["kernels"].to_list() == [2002]
+
+
+# ---- the wrong ledger for the trace -------------------------------------------------------------
+
+def test_a_ledger_for_another_model_says_the_layer_counts_first():
+    deepseek = SAMPLES / "dsv32-graph-healthy.sqlite"  # DeepSeek-V3.2: 61 layers
+    result = nsys_ledger.check(deepseek, load_expectations(GLM))  # GLM-5.3's ledger: 78
+    first = result.findings[0]
+    assert first.message == (
+        "the trace has 61 layers per decode step, the ledger 78 (layers 0-77): a ledger for another model? "
+        "The per-layer and anchor findings below follow from it")
+    assert (first.observed, first.expected, first.steps, first.failing_steps) == ("61", "78", "0-3", 4)
+    assert result.outcomes[0].name == "layer count" and len(result.findings) == 11
+    text = click.unstyle(render(result, width=1000))
+    assert text.index("FAIL 11 finding(s)") < text.index("the trace has 61 layers") < text.index("[anchors.")
+    # the other way round, and not at all when the ledger fits
+    glm_trace = nsys_ledger.check(SAMPLES / "glm5-graph-healthy.sqlite", EXPECTATIONS / "deepseek-v3.2-tp8-ep8.toml")
+    assert glm_trace.findings[0].message.startswith("the trace has 78 layers per decode step, the ledger 61 ")
+    for sample, ledger in [(deepseek, "deepseek-v3.2-tp8-ep8.toml"), (SAMPLES / "glm5-graph-healthy.sqlite", GLM),
+                           (SAMPLES / "glm5-mtp-graph-healthy.sqlite", "glm-5.3-tp8-ep8-mtp.toml")]:
+        fitting = nsys_ledger.check(sample, EXPECTATIONS / ledger)
+        assert fitting.verdict == "pass" and "layer count" not in [o.name for o in fitting.outcomes]
+
+
+# ---- one kernel name whatever demangled it ------------------------------------------------------
+
+def test_canonical_kernel_names_of_both_demanglers():
+    from nsys_ledger.attribution.kernel_names import canonical_kernel_name
+
+    nsys = ("void at::native::<unnamed>::indexSelectSmallIndex<c10::BFloat16, long, unsigned int, (int)2, (int)2, "
+            "(int)-2>(at::cuda::detail::TensorInfo<T1, T3>, at::cuda::detail::TensorInfo<const T1, T3>, int, long)")
+    cxxfilt = ("void at::native::(anonymous namespace)::indexSelectSmallIndex<c10::BFloat16, long, unsigned int, 2, 2, "
+               "-2>(at::cuda::detail::TensorInfo<c10::BFloat16, unsigned int>, int, long)")
+    assert canonical_kernel_name(nsys) == canonical_kernel_name(cxxfilt) == (
+        "at::native::(anonymous namespace)::indexSelectSmallIndex<c10::BFloat16, long, unsigned int, 2, 2, -2>")
+    assert canonical_kernel_name("void k<(bool)1, (unsigned int)6144>(int *)") == "k<true, 6144>"
+    assert canonical_kernel_name("void k<true, 6144u>(int*)") == "k<true, 6144>"
+    assert canonical_kernel_name("nvjet_tst_128x8_64x12_1x1_h_bz_TNT") == "nvjet_tst_128x8_64x12_1x1_h_bz_TNT"
+
+
+@needs_shared(REFERENCE / "real-kernel-names.tsv")
+def test_canonical_names_of_the_real_kernel_names():
+    import csv
+
+    from nsys_ledger.attribution.kernel_names import canonical_kernel_name
+
+    with open(REFERENCE / "real-kernel-names.tsv", newline="") as fh:
+        names = [row["kernel_name"] for row in csv.DictReader(fh, delimiter="\t")]
+    canonical = {name: canonical_kernel_name(name) for name in names}
+    assert len(names) == 82
+    residue = re.compile(r"\((?:unsigned )?(?:int|long|bool)\)|<unnamed>|\b\d+u\b")
+    assert [c for c in canonical.values() if residue.search(c)] == []
+    assert all(canonical_kernel_name(c) == c for c in canonical.values())  # a canonical name stays itself
+    silu = next(n for n in names if "act_and_mul_kernel" in n and n.startswith("void flashinfer"))
+    assert canonical[silu] == "flashinfer::activation::act_and_mul_kernel<__nv_bfloat16, &silu>"
+    nsys_deepgemm = next(n for n in names if "(unsigned int)2112, (unsigned int)7168" in n)
+    assert canonical[nsys_deepgemm].startswith("deep_gemm::sm90_fp8_gemm_1d2d_impl<(cute::UMMA::Major)0, 0, 2112, 7168, 1,")
+
+
+def test_a_diff_of_the_same_timeline_across_formats_lists_no_kernel_name():
+    from nsys_ledger.diff import diff_results
+
+    glm = load_expectations(GLM)
+    sqlite = nsys_ledger.check(SAMPLES / "glm5-graph-healthy.sqlite", glm)
+    kineto = nsys_ledger.check(SAMPLES / "glm5-graph-healthy.trace.json.gz", glm)
+    decode = (pl.col("activity") == "kernel") & pl.col("decode").fill_null(False)
+    names = lambda r: set(r.steps.activities.filter(decode)["name"].unique())  # noqa: E731
+    assert len(names(sqlite) - names(kineto)) == 28  # the templated names are spelled otherwise (nsys, c++filt) ...
+    diff = diff_results(sqlite, kineto)
+    assert diff.new_kernels.height == 0 and diff.vanished_kernels.height == 0  # ... the kernels do not
+    stray = diff_results(kineto, nsys_ledger.check(SAMPLES / "glm5-graph-layer41.sqlite", glm))
+    assert stray.new_kernels.height == 1 and stray.vanished_kernels.height == 0  # only layer 41's stray kernel
+    assert stray.new_kernels["name"][0].startswith("void at::native::elementwise_kernel<(int)128, (int)2, ")
