@@ -222,3 +222,39 @@ def test_a_diff_of_the_same_timeline_across_formats_lists_no_kernel_name():
     stray = diff_results(kineto, nsys_ledger.check(SAMPLES / "glm5-graph-layer41.sqlite", glm))
     assert stray.new_kernels.height == 1 and stray.vanished_kernels.height == 0  # only layer 41's stray kernel
     assert stray.new_kernels["name"][0].startswith("void at::native::elementwise_kernel<(int)128, (int)2, ")
+
+
+# ---- the Chrome trace: findings on the kernel they are about, launches linked to kernels --------
+
+def test_chrome_trace_puts_findings_on_the_offending_kernel_and_links_launches():
+    from nsys_ledger.report.chrome_trace import GAPS_TID, chrome_trace_document, gpu_pid, host_pid
+    from nsys_ledger.report.selection import select_steps
+
+    result = nsys_ledger.check(SAMPLES / "glm5-graph-layer41.sqlite", load_expectations(GLM))
+    events = chrome_trace_document(result)["traceEvents"]
+    findings = [e for e in events if e.get("cat") == "finding"]
+    assert len(findings) == 2  # the one finding (layer 41), in each of the two drawn steps
+    kernels = {(e["pid"], e["tid"], e["ts"]): e for e in events if e.get("cat") == "kernel"}
+    for finding in findings:
+        assert finding["s"] == "t" and finding["tid"] != GAPS_TID  # on a stream's track, not global
+        kernel = kernels[(finding["pid"], finding["tid"], finding["ts"])]  # exactly at a kernel's start
+        # layer 41's stray kernel (no op), not the layer's first kernel
+        assert kernel["name"].startswith("void at::native::elementwise_kernel<(int)128, (int)2, ")
+        assert kernel["args"]["layer"] == 41 and kernel["args"]["op"] == "other"  # no op of the ledger
+        assert finding["args"]["on"] == kernel["name"]
+
+    starts = [e for e in events if e["ph"] == "s" and e.get("cat") == "launch"]
+    ends = {e["id"]: e for e in events if e["ph"] == "f" and e.get("cat") == "launch"}
+    # per drawn step: 3 H2D copies, the graph launch, the sampling kernel's launch
+    assert len(starts) == len(ends) == 10 == 5 * len(select_steps(result))
+    calls = {(e["pid"], e["tid"], e["ts"]) for e in events if str(e.get("cat")).startswith("api_")}
+    activities = {(e["pid"], e["tid"], e["ts"]) for e in events if e.get("cat") in ("kernel", "memcpy", "memset")}
+    for start in starts:
+        end = ends[start["id"]]
+        assert (start["pid"], start["tid"], start["ts"]) in calls and start["pid"] == host_pid(0)
+        assert (end["pid"], end["tid"], end["ts"]) in activities and end["pid"] == gpu_pid(0, 0)
+        assert end["bp"] == "e" and end["ts"] >= start["ts"]
+    # a gap finding sits on the longest gap of the step, on the gaps track
+    gaps = nsys_ledger.check(SAMPLES / "glm5-graph-extra-gaps.sqlite", load_expectations(GLM))
+    gap_findings = [e for e in chrome_trace_document(gaps)["traceEvents"] if e.get("cat") == "finding"]
+    assert gap_findings and all(e["tid"] == GAPS_TID and e["args"]["on"] == "gap: unknown" for e in gap_findings)
