@@ -22,6 +22,13 @@ EXIT_INPUT_ERROR = 2
 STDOUT = "-"  # `--json -`: the document on stdout, as Unix tools read `-`
 
 
+def _echo_fitted(text: str) -> None:
+    """Text whose every line fits the terminal (report/layout.py)."""
+    from nsys_ledger.report.layout import fit_lines, terminal_width
+
+    click.echo("\n".join(fit_lines(text.splitlines(), terminal_width())))
+
+
 def _fail(message: str) -> None:
     # printable: a file name may hold a newline or an ESC; the error must stay one line
     click.echo(f"nsys-ledger: error: {printable(message)}", err=True)
@@ -300,7 +307,7 @@ def expectations_show(file) -> None:
     """Print the ledger of FILE with every formula evaluated."""
     from nsys_ledger.ledger import load_expectations, render_expectations
 
-    click.echo(render_expectations(load_expectations(file)))
+    _echo_fitted(render_expectations(load_expectations(file)))
 
 
 @expectations.command("match")
@@ -361,8 +368,8 @@ def expectations_diff(a, b, as_json) -> None:
     if as_json:
         click.echo(json.dumps(ledger_diff_json(changes, a, b), indent=2, ensure_ascii=False))
     else:
-        for line in render_ledger_diff(changes, a, b).splitlines():
-            click.echo(printable(line))  # regexes and descriptions come from the files
+        # regexes and descriptions come from the files: escaped
+        _echo_fitted("\n".join(printable(line) for line in render_ledger_diff(changes, a, b).splitlines()))
     sys.exit(1 if changes else 0)
 
 

@@ -258,3 +258,15 @@ def test_chrome_trace_puts_findings_on_the_offending_kernel_and_links_launches()
     gaps = nsys_ledger.check(SAMPLES / "glm5-graph-extra-gaps.sqlite", load_expectations(GLM))
     gap_findings = [e for e in chrome_trace_document(gaps)["traceEvents"] if e.get("cat") == "finding"]
     assert gap_findings and all(e["tid"] == GAPS_TID and e["args"]["on"] == "gap: unknown" for e in gap_findings)
+
+
+def test_ledger_commands_fit_100_columns_too():
+    show = CliRunner().invoke(main, ["expectations", "show", str(GLM)], env={"COLUMNS": "100"})
+    wide = CliRunner().invoke(main, ["expectations", "show", str(GLM)], env={"COLUMNS": "1000"})
+    assert show.exit_code == wide.exit_code == 0
+    assert widest(show.output) <= 100 < widest(wide.output)
+    assert "  layers              = 78" in show.output.splitlines()
+    deepseek = str(EXPECTATIONS / "deepseek-v3.2-tp8-ep8.toml")
+    diff = CliRunner().invoke(main, ["expectations", "diff", str(GLM), deepseek], env={"COLUMNS": "100"})
+    assert diff.exit_code == 1 and widest(diff.output) <= 100
+    assert "~ params.layers: 78 -> 61" in " ".join(diff.output.split())

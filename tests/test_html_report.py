@@ -89,6 +89,13 @@ def test_plotly_js_comes_once_and_only_with_a_chart(broken_fusion):
     assert len(page.encode()) < 300_000 < 4_000_000 < len(with_charts.encode())
 
 
+def test_names_a_finding_quotes_are_code_not_backticks(broken_fusion):
+    page = render_html(broken_fusion)
+    assert ("ffn ops: <code>deepgemm_dense</code> x2 (after per_token_group_quant, act_and_mul), "
+            "<code>act_and_mul</code>, <code>per_token_group_quant</code>") in page
+    assert "`" not in page.split('id="findings"')[1].split("</ul>")[0]
+
+
 def test_count_and_step_axes_tick_whole_numbers(broken_fusion):
     from nsys_ledger.report.figures import integer_axis, three_column_ledger
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 from dataclasses import dataclass
 
 import plotly.graph_objects as go
@@ -34,6 +35,15 @@ def esc(value: object) -> str:
         return "–"
     # visible: an ESC or a bidi override in a kernel name is shown, not passed to the page
     return html.escape(visible(value), quote=True)
+
+
+_CODE_SPAN = re.compile(r"`([^`\n]+)`")
+
+
+def esc_code(value: object) -> str:
+    """`esc`, with the names our messages quote in backticks (`deepgemm_dense`) as <code>."""
+    parts = _CODE_SPAN.split(str(value))  # even indexes: prose, odd: the quoted names
+    return "".join(f"<code>{esc(part)}</code>" if index % 2 else esc(part) for index, part in enumerate(parts))
 
 
 def script_json(value: object) -> str:
