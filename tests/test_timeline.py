@@ -345,9 +345,11 @@ def test_profiler_overhead_is_not_idle():
 def test_cli_prints_the_budget_and_writes_the_timeline_json(tmp_path):
     out = tmp_path / "result.json"
     run = CliRunner().invoke(main, ["check", str(SAMPLES / "glm5-graph-caused-gaps.sqlite"), "--expect", str(GLM),
-                                    "--per-stream-gaps", "--batch", "64", "--json", str(out)])
+                                    "--per-stream-gaps", "--batch", "64", "--json", str(out)],
+                             env={"COLUMNS": "1000"})  # unwrapped: the sentences below whole
     assert run.exit_code == 1, run.output
-    assert "k/token@64" in run.output and "31.3" in run.output  # 2002 / 64
+    assert "kernels/token: kernels per step / 64 tokens of the batch" in run.output
+    assert "31.3" in run.output  # 2002 / 64
     assert "step time budget (us)" in run.output and "gpu-bound" in run.output
     assert "by cause: collective 8 (98.0 us), sync 4 (81.6 us), host 4 (71.1 us), h2d 6 (22.1 us)" in run.output
     assert "per-stream gaps above 2 us: device 0 stream 20" in run.output
