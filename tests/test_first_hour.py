@@ -16,7 +16,7 @@ from nsys_ledger.cli import main
 from nsys_ledger.ledger import load_expectations
 from nsys_ledger.report.layout import fit_lines, fit_table
 from nsys_ledger.report.terminal import render
-from shared_data import REFERENCE, needs_shared
+from shared_data import REFERENCE, needs_shared, real_params, real_sqlite_exports
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "sample_traces"
@@ -270,3 +270,16 @@ def test_ledger_commands_fit_100_columns_too():
     diff = CliRunner().invoke(main, ["expectations", "diff", str(GLM), deepseek], env={"COLUMNS": "100"})
     assert diff.exit_code == 1 and widest(diff.output) <= 100
     assert "~ params.layers: 78 -> 61" in " ".join(diff.output.split())
+
+
+@pytest.mark.parametrize("path", real_params(real_sqlite_exports()))
+def test_real_exports_fit_100_columns(path):
+    import sqlite3
+
+    result = nsys_ledger.check(path)
+    text = click.unstyle(render(result, width=100))
+    assert widest(text) <= 100
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as con:
+        kernels = con.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
+    # the totals line, wrapped or not, names the kernel count plain SQL gives, as an integer
+    assert f"totals    {kernels:,} kernels" in text
