@@ -304,4 +304,4 @@ def _rank_step_time(before: Result, after: Result) -> pl.DataFrame | None:
 def _fmt(value: float | None) -> str:
     if value is None:
         return "-"
-    return f"{value:g}" if float(value).is_integer() else f"{value:.3f}"
+    return f"{int(value)}" if float(value).is_integer() else f"{value:.3f}"  # :g would write 1e+06

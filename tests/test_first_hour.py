@@ -283,3 +283,9 @@ def test_real_exports_fit_100_columns(path):
         kernels = con.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
     # the totals line, wrapped or not, names the kernel count plain SQL gives, as an integer
     assert f"totals    {kernels:,} kernels" in text
+
+
+def test_diff_figures_print_whole_numbers_as_integers():
+    from nsys_ledger.diff import _fmt
+
+    assert [_fmt(1_000_000.0), _fmt(2002.0), _fmt(1.5), _fmt(None)] == ["1000000", "2002", "1.500", "-"]

@@ -105,7 +105,7 @@ def _diff_verdict(diff: TraceDiff) -> list[str]:
 def _fmt(value: float | None) -> str:
     if value is None:
         return "-"
-    return f"{value:g}" if float(value).is_integer() else f"{value:.3f}"
+    return f"{int(value)}" if float(value).is_integer() else f"{value:.3f}"  # :g would write 1e+06
 
 
 def _signed(change: FigureChange) -> str:
