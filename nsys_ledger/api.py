@@ -16,7 +16,7 @@ from nsys_ledger.attribution.ops import with_ops
 from nsys_ledger.attribution.steps import Steps, find_steps
 from nsys_ledger.attribution.layers import attribute_layers
 from nsys_ledger.checks.layers import LayerSummary, check_layers, summarize_layers
-from nsys_ledger.checks.ledger import CheckOutcome, Finding, check_ledger
+from nsys_ledger.checks.ledger import CheckOutcome, Finding, check_ledger, describe_steps
 from nsys_ledger.checks.ranks import RankComparison
 from nsys_ledger.checks.coverage import OpCoverage, op_coverage
 from nsys_ledger.checks.stats import op_counts, step_table
@@ -134,6 +134,26 @@ class Result:
             return f"all {checks} checks passed on {steps} decode steps"
         return f"{len(self.findings)} finding(s) in {checks} checks on {steps} decode steps"
 
+    def to_pandas(self) -> dict[str, "pandas.DataFrame"]:
+        """The result's tables as pandas DataFrames, for notebooks (as HTA hands out its frames):
+        `steps` (one row per decode step), `ops` (kernels per step and op), `gaps` (idle gaps
+        with their cause) and `kernels` (every decode kernel with its step, op and times)."""
+        import pandas  # noqa: F401  (2.5 s to import: only when asked; polars converts through it)
+
+        activities = self.steps.activities
+        kernels = activities.filter(pl.col("decode").fill_null(False) & (pl.col("activity") == "kernel"))
+        frames = {"steps": self.step_table, "ops": self.op_table, "gaps": self.gaps, "kernels": kernels}
+        return {name: frame.to_pandas() for name, frame in frames.items()}
+
+
+def _unmatched_step_nvtx(nvtx: pl.DataFrame, regex: str, steps) -> list[str]:
+    """A --step-nvtx that matches no range would otherwise be ignored without a word."""
+    if nvtx.filter(pl.col("name").str.contains(regex)).height:
+        return []
+    instead = (f"steps found by {steps.method} instead" if steps.method not in ("nvtx", "none")
+               else "no decode step found")
+    return [f"--step-nvtx /{regex}/ matches none of the trace's {nvtx.height:,} NVTX ranges: {instead}"]
+
 
 def check(
     trace: str | Path | Trace,
@@ -188,12 +208,16 @@ def check(
         time = time_use(steps, layers.assignments)
 
     notices: list[str] = list(trace.meta.warnings)
+    if step_nvtx:
+        notices += _unmatched_step_nvtx(trace.nvtx, step_nvtx, steps)
     outcomes: list[CheckOutcome] = []
     graph_level = _graph_level_replays(trace)
     if graph_level:
         notices.append(GRAPH_LEVEL_NOTICE.format(replays=trace.graph_replays.height))
     if expectations is not None:
-        outcomes = _ledger_outcomes(expectations, table, ops, timeline, ranks, steps, graph_level, totals)
+        # a ledger for another model (the layer count differs) is said before what follows from it
+        outcomes = _layer_count_outcomes(expectations, layers, table, graph_level)
+        outcomes += _ledger_outcomes(expectations, table, ops, timeline, ranks, steps, graph_level, totals)
         outcomes += _layer_outcomes(expectations, layers, table, graph_level)
     return Result(
         trace=trace, expectations=expectations, totals=totals, steps=steps, step_table=table, op_table=ops,
@@ -222,7 +246,8 @@ def rejudge(result: Result, *, graph_level: bool) -> Result:
     ranks = rank_comparison(result.step_table)
     outcomes: list[CheckOutcome] = []
     if result.expectations is not None:
-        outcomes = _ledger_outcomes(result.expectations, result.step_table, result.op_table, result.timeline,
+        outcomes = _layer_count_outcomes(result.expectations, result.layers, result.step_table, graph_level)
+        outcomes += _ledger_outcomes(result.expectations, result.step_table, result.op_table, result.timeline,
                                     ranks, result.steps, graph_level, result.totals)
         outcomes += _layer_outcomes(result.expectations, result.layers, result.step_table, graph_level)
     return replace(result, ranks=ranks, outcomes=tuple(outcomes))
@@ -235,6 +260,33 @@ def _layer_outcomes(
     if layers is None or graph_level or table.height == 0:
         return []
     return check_layers(expectations, layers, table.height)
+
+
+def _layer_count_outcomes(
+    expectations: Expectations, layers: LayerSummary | None, table: pl.DataFrame, graph_level: bool
+) -> list[CheckOutcome]:
+    """A trace with another number of layers than the ledger declares: the ledger is for
+    another model, and every per-layer finding after it follows from that, so it comes first.
+    A row only when the numbers differ: a ledger that fits keeps its list of checks."""
+    if layers is None or graph_level or table.height == 0:
+        return []
+    declared = sorted({layer for layer_class in expectations.layer_classes for layer in layer_class.layers})
+    per_step = layers.counts.group_by("rank", "step").agg(pl.col("layer").n_unique().alias("layers"))
+    if not declared or per_step.height == 0:
+        return []
+    found = int(per_step["layers"].max())
+    if found == len(declared):
+        return []
+    failing = per_step.filter(pl.col("layers") != len(declared)).sort("rank", "step")
+    message = (f"the trace has {found} layers per decode step, the ledger {len(declared)} (layers {declared[0]}-"
+               f"{declared[-1]}): a ledger for another model? The per-layer and anchor findings below follow from it")
+    finding = Finding(
+        check="layer_count", subject="layers", source="layers.classes", message=message,
+        steps=describe_steps(failing), failing_steps=failing.height, observed=str(found), expected=str(len(declared)),
+        hint="check with the ledger of this model (expectations/), or learn one from a healthy capture "
+             "with `nsys-ledger learn`",
+    )
+    return [CheckOutcome("layer count", "layers.classes", str(len(declared)), str(found), (finding,))]
 
 
 def _gap_threshold_ns(expectations: Expectations | None, gap_us: float | None) -> int:

@@ -19,6 +19,14 @@ from nsys_ledger.errors import InputError
 from nsys_ledger.report.text import printable
 
 EXIT_INPUT_ERROR = 2
+STDOUT = "-"  # `--json -`: the document on stdout, as Unix tools read `-`
+
+
+def _echo_fitted(text: str) -> None:
+    """Text whose every line fits the terminal (report/layout.py)."""
+    from nsys_ledger.report.layout import fit_lines, terminal_width
+
+    click.echo("\n".join(fit_lines(text.splitlines(), terminal_width())))
 
 
 def _fail(message: str) -> None:
@@ -97,13 +105,17 @@ def main() -> None:
 @click.option("--batch", type=click.IntRange(1), default=None,
               help="Requests per decode step, for kernels per output token (default: the expectations' batch).")
 @click.option("--per-stream-gaps", is_flag=True, help="Also find the idle gaps of every stream on its own.")
-@click.option("--json", "json_path", type=click.Path(path_type=str), help="Write the JSON result to this file.")
+@click.option("--json", "json_path", type=click.Path(path_type=str),
+              help="Write the JSON result to this file (`-`: to stdout, the report then goes to stderr).")
 @click.option("--html", "html_path", type=click.Path(path_type=str),
               help="Write the triage report (one self-contained HTML file) to this file.")
 @click.option("--junit", "junit_path", type=click.Path(path_type=str),
               help="Write JUnit XML (one test case per check) to this file.")
 @click.option("--markdown", "markdown_path", type=click.Path(path_type=str),
               help="Write a short Markdown summary (CI step summary, PR comment) to this file.")
+@click.option("--summary-only", is_flag=True,
+              help="No ledger on purpose: let --junit/--markdown report the trace without gating it "
+                   "(without --expect they refuse, so that a CI job cannot pass with no ledger checked).")
 @click.option("-j", "--jobs", type=click.IntRange(1), default=None,
               help="Processes for several trace files (default: one per file, at most one per core).")
 @click.option("--dask", "dask_address", metavar="ADDRESS",
@@ -119,7 +131,7 @@ def main() -> None:
               help="Write the worst and a representative decode step as a Chrome trace (Perfetto UI, "
                    "chrome://tracing): kernels per stream, copies, launch calls, gaps, findings.")
 def check(traces, captures, trace_out, expect, step_nvtx, step_method, gap_us, batch, per_stream_gaps, json_path,
-          html_path, junit_path, markdown_path, jobs, dask_address, no_cache) -> None:
+          html_path, junit_path, markdown_path, summary_only, jobs, dask_address, no_cache) -> None:
     """Count the kernels of every decode step in TRACE and compare them with the ledger.
 
     \b
@@ -132,6 +144,8 @@ def check(traces, captures, trace_out, expect, step_nvtx, step_method, gap_us, b
 
     \b
     Exit codes: 0 pass (or summary without --expect), 1 ledger violated, 2 bad input.
+    --junit and --markdown without --expect are refused (exit 2) unless --summary-only says
+    that no ledger is meant.
     \b
     In CI:
       nsys-ledger check trace.sqlite --expect ledger.toml --html report.html --junit junit.xml \\
@@ -145,13 +159,21 @@ def check(traces, captures, trace_out, expect, step_nvtx, step_method, gap_us, b
     from nsys_ledger.report.markdown import write_markdown
     from nsys_ledger.report.terminal import render
 
+    json_to_stdout = json_path == STDOUT
     outputs = [
         (label, writer, _writable(path))
-        for label, writer, path in (("json", write_json, json_path), ("html", write_html, html_path),
-                                    ("junit", write_junit, junit_path), ("markdown", write_markdown, markdown_path),
+        for label, writer, path in (("json", write_json, None if json_to_stdout else json_path),
+                                    ("html", write_html, html_path), ("junit", write_junit, junit_path),
+                                    ("markdown", write_markdown, markdown_path),
                                     ("trace-out", write_chrome_trace, trace_out))
         if path
     ]
+    _reject_ledgers_given_as_traces(traces)
+    if (junit_path or markdown_path) and not expect and not summary_only:
+        _fail("--junit/--markdown gate a CI job on a ledger and none was given: add --expect FILE "
+              "(or --summary-only to write them without checking one)")
+    if expect and summary_only:
+        raise click.UsageError("--summary-only and --expect exclude each other")
     if captures:
         result = _check_with_captures(traces, captures, expect, step_nvtx=step_nvtx, step_method=step_method,
                                       gap_us=gap_us, batch=batch, per_stream_gaps=per_stream_gaps)
@@ -159,10 +181,39 @@ def check(traces, captures, trace_out, expect, step_nvtx, step_method, gap_us, b
         result = check_many(traces, expect, workers=jobs, keep_events=bool(html_path or trace_out),
                             dask=dask_address, step_nvtx=step_nvtx, step_method=step_method, gap_us=gap_us,
                             batch=batch, per_stream_gaps=per_stream_gaps, cache=not no_cache)
-    click.echo(render(result))
+    # with --json -, stdout holds the JSON document alone: the report and the file list go to stderr
+    click.echo(render(result), err=json_to_stdout)
+    if json_to_stdout:
+        from nsys_ledger.report.json_report import dumps_indented, result_document
+
+        click.echo(dumps_indented(result_document(result)))
     for label, writer, target in outputs:
-        _write_output(writer, result, target, label)
+        _write_output(writer, result, target, label, err=json_to_stdout)
     sys.exit(result.exit_code)
+
+
+LEDGER_TABLES = ("model", "params", "steps", "ops", "anchors", "total", "layers")
+
+
+def _reject_ledgers_given_as_traces(paths) -> None:
+    """A ledger passed where a trace goes (`check trace.sqlite ledger.toml`): say to use --expect,
+    not that the TOML file is no SQLite database."""
+    import tomllib
+
+    for path in paths:
+        candidate = Path(path)
+        if not candidate.is_file() or candidate.stat().st_size > 4 << 20:
+            continue
+        if candidate.suffix.lower() != ".toml":
+            with candidate.open("rb") as fh:
+                if b"\0" in fh.read(4096):  # binary: an SQLite file or an archive, not TOML
+                    continue
+        try:
+            document = tomllib.loads(candidate.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, tomllib.TOMLDecodeError, OSError):
+            continue
+        if any(table in document for table in LEDGER_TABLES):
+            raise InputError(path, "this is a ledger (expectations TOML), not a trace: pass it with --expect FILE")
 
 
 def _check_with_captures(traces, captures, expect, **options):
@@ -174,12 +225,12 @@ def _check_with_captures(traces, captures, expect, **options):
     return check_with_captures(traces[0], list(captures), expect, **options)[0]
 
 
-def _write_output(writer, result, target: Path, label: str) -> None:
+def _write_output(writer, result, target: Path, label: str, err: bool = False) -> None:
     try:
         writer(result, target)
     except OSError as error:  # checked before the work, but a disk can fill up meanwhile
         raise InputError(target, f"cannot write output: {error.strerror or error}") from None
-    click.echo(f"{label:<9} {target}")
+    click.echo(f"{label:<9} {target}", err=err)
 
 
 @main.command()
@@ -200,7 +251,8 @@ def _write_output(writer, result, target: Path, label: str) -> None:
 @click.option("--max-op-slowdown", type=click.FloatRange(0), default=None,
               help="Also worse when an op's or layer's median GPU time rose by more than this percentage "
                    "(default: not checked).")
-@click.option("--json", "json_path", type=click.Path(path_type=str), help="Write the diff as JSON to this file.")
+@click.option("--json", "json_path", type=click.Path(path_type=str),
+              help="Write the diff as JSON to this file (`-`: to stdout, the text then goes to stderr).")
 @click.option("--html", "html_path", type=click.Path(path_type=str), help="Write the diff as an HTML page.")
 def diff(before, after, expect, step_nvtx, step_method, gap_us, allow_launches, max_slowdown, time_tolerance,
          max_op_slowdown, json_path, html_path) -> None:
@@ -222,11 +274,14 @@ def diff(before, after, expect, step_nvtx, step_method, gap_us, allow_launches, 
     from nsys_ledger.ledger import load_expectations
     from nsys_ledger.report.diff_report import render_diff, write_diff_html, write_diff_json
 
+    json_to_stdout = json_path == STDOUT
     outputs = [
         (label, writer, _writable(path))
-        for label, writer, path in (("json", write_diff_json, json_path), ("html", write_diff_html, html_path))
+        for label, writer, path in (("json", write_diff_json, None if json_to_stdout else json_path),
+                                    ("html", write_diff_html, html_path))
         if path
     ]
+    _reject_ledgers_given_as_traces((before, after))
     expectations_ = load_expectations(expect) if expect else None
     options = dict(step_nvtx=step_nvtx, step_method=step_method, gap_us=gap_us)
     result = diff_results(
@@ -235,9 +290,15 @@ def diff(before, after, expect, step_nvtx, step_method, gap_us, allow_launches, 
         WorseningRule(extra_launches_per_step=allow_launches, step_time_slowdown_pct=max_slowdown,
                       time_tolerance_pct=time_tolerance, op_time_slowdown_pct=max_op_slowdown),
     )
-    click.echo(render_diff(result))
+    click.echo(render_diff(result), err=json_to_stdout)
+    if json_to_stdout:
+        import json
+
+        from nsys_ledger.report.diff_report import diff_document
+
+        click.echo(json.dumps(diff_document(result), indent=2, ensure_ascii=False))
     for label, writer, target in outputs:
-        _write_output(writer, result, target, label)
+        _write_output(writer, result, target, label, err=json_to_stdout)
     sys.exit(result.exit_code)
 
 
@@ -252,7 +313,7 @@ def expectations_show(file) -> None:
     """Print the ledger of FILE with every formula evaluated."""
     from nsys_ledger.ledger import load_expectations, render_expectations
 
-    click.echo(render_expectations(load_expectations(file)))
+    _echo_fitted(render_expectations(load_expectations(file)))
 
 
 @expectations.command("match")
@@ -313,8 +374,8 @@ def expectations_diff(a, b, as_json) -> None:
     if as_json:
         click.echo(json.dumps(ledger_diff_json(changes, a, b), indent=2, ensure_ascii=False))
     else:
-        for line in render_ledger_diff(changes, a, b).splitlines():
-            click.echo(printable(line))  # regexes and descriptions come from the files
+        # regexes and descriptions come from the files: escaped
+        _echo_fitted("\n".join(printable(line) for line in render_ledger_diff(changes, a, b).splitlines()))
     sys.exit(1 if changes else 0)
 
 
@@ -386,6 +447,42 @@ def learn(traces, out, base, tolerance, named_params, from_steps, step_nvtx, ste
         sys.exit(result.exit_code)
 
 
+# What each `synth --fault` does to the decode steps (synth/generate.py and synth/schedule.py).
+FAULT_HELP = {
+    "broken_fusion": "norm+quant fusion broken: per_token_group_quant alone (231 per step, not 75)",
+    "chunked_indexer": "the indexer's paged_mqa_logits runs in 3 chunks (63 per step, not 21)",
+    "extra_gaps": "device idle gaps of unknown cause before o_proj in layers 12, 40 and 68",
+    "extra_h2d": "a fourth host-to-device copy per step (positions)",
+    "split_graph": "the decode graph captured as two: 2 replays per step with an H2D copy between",
+    "layer_fault": "layer 41 launches one kernel more than its peers",
+    "pageable_h2d": "the sampling parameters copied from pageable host memory",
+    "extra_gaps_host": "the host prepares sampling only after the replay: a host-bound gap",
+    "extra_gaps_sync": "a cudaStreamSynchronize between the H2D copies and the graph launch",
+    "extra_gaps_collective": "two collectives start late on the device, waiting for their peers",
+    "extra_gaps_graph": "the decode graph split in two, the second replay starting late on the device",
+    "missing_draft_replay": "MTP topology only: the draft graph is not replayed",
+}
+
+
+def _list_faults(ctx, param, value) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    from nsys_ledger.synth import FAULTS
+    from nsys_ledger.synth.generate import TOPOLOGY_FAULTS
+
+    for fault in FAULTS + TOPOLOGY_FAULTS:
+        click.echo(f"{fault:<22} {FAULT_HELP.get(fault, '')}".rstrip())
+    ctx.exit(0)
+
+
+KINETO_SUFFIX = ".trace.json.gz"  # what the PyTorch profiler names its files, and what `check` recognises
+
+
+def _kineto_path(out: str) -> str:
+    """OUT with the profiler's suffix, unless it already names a (gzip) JSON file."""
+    return out if out.endswith((".json.gz", ".json")) else out + KINETO_SUFFIX
+
+
 @main.command()
 @click.argument("out", type=click.Path(path_type=str))
 @click.option("--mode", type=click.Choice(["graph", "eager"]), default="graph", show_default=True)
@@ -394,6 +491,8 @@ def learn(traces, out, base, tolerance, named_params, from_steps, step_nvtx, ste
 @click.option("--batch", type=click.IntRange(1), default=32, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--fault", "faults", multiple=True, help="Inject a fault (repeatable); see --list-faults.")
+@click.option("--list-faults", is_flag=True, expose_value=False, is_eager=True, callback=_list_faults,
+              help="List the faults --fault injects, and exit.")
 @click.option("--step-nvtx/--no-step-nvtx", default=False, help="Wrap each forward pass in an NVTX range.")
 @click.option("--nsys-version", default="2026.2", show_default=True,
               help="Write the export layout of this nsys release: 2021, 2022, 2023.1, 2023.2, 2023.3, 2024, "
@@ -409,7 +508,8 @@ def learn(traces, out, base, tolerance, named_params, from_steps, step_nvtx, ste
               default="sqlite", show_default=True,
               help="sqlite: one file; parquetdir / arrowdir: a directory with one file per table, as `nsys "
                    "export --type parquetdir` / `arrowdir` writes; kineto: the PyTorch profiler's gzip JSON "
-                   "(OUT.trace.json.gz) of the same run, as SGLang's torch profile writes it (one rank).")
+                   "(OUT.trace.json.gz unless OUT ends in .json.gz or .json) of the same run, as SGLang's torch "
+                   "profile writes it (one rank).")
 @click.option("--deepgemm-layout", type=click.Choice(["2025-02", "2025-07", "sglang-2026", "b200"]),
               default="sglang-2026", show_default=True,
               help="Name the DeepGEMM kernels as this build did: 2025-02 fp8_gemm_kernel<N, K, ...>, 2025-07 "
@@ -437,6 +537,8 @@ def synth(out, mode, steps, ranks, batch, seed, faults, step_nvtx, nsys_version,
         era_for_version(nsys_version)
     except ValueError as error:
         raise click.BadParameter(str(error), param_hint="--nsys-version") from None
+    if out_format == "kineto":
+        out = _kineto_path(out)
     columnar = out_format in ("parquetdir", "arrowdir")
     if columnar:
         _empty_directory(out)

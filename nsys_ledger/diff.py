@@ -20,6 +20,7 @@ import polars as pl
 
 from nsys_ledger.api import Result
 from nsys_ledger.attribution.layers import CAPTURE_NVTX, INFERRED, REPLAY_NVTX
+from nsys_ledger.attribution.kernel_names import canonical_kernel_name
 from nsys_ledger.checks.ledger import compact_ranges
 from nsys_ledger.diff_time import time_changes
 
@@ -271,17 +272,27 @@ def _layer_changes(before: Result, after: Result, rule: WorseningRule) -> tuple[
 
 
 def _decode_kernel_names(result: Result) -> pl.DataFrame:
-    """`name, op, per_step`: launches per decode step of every kernel name (mean over steps)."""
+    """`name, op, per_step, canonical`: launches per decode step of every kernel (mean over
+    steps), by its canonical name, so that an nsys export and a PyTorch profiler trace of the
+    same build name the same kernels alike; `name` is one of the trace's own spellings."""
     steps = max(result.step_table.height, 1)
     kernels = result.steps.activities.filter(pl.col("decode").fill_null(False) & (pl.col("activity") == "kernel"))
-    return kernels.group_by("name").agg(
-        pl.col("op").first(), (pl.len() / steps).alias("per_step")
-    ).sort("per_step", "name", descending=[True, False])
+    spellings = kernels.select(pl.col("name").unique())
+    canonical = spellings.with_columns(
+        pl.Series("canonical", [canonical_kernel_name(n) for n in spellings["name"]], dtype=pl.String)
+    )
+    return (
+        kernels.join(canonical, on="name", how="left")
+        .group_by("canonical")
+        .agg(pl.col("name").min(), pl.col("op").first(), (pl.len() / steps).alias("per_step"))
+        .select("name", "op", "per_step", "canonical")
+        .sort("per_step", "name", descending=[True, False])
+    )
 
 
 def _kernel_names_only_in(result: Result, other: Result) -> pl.DataFrame:
     names = _decode_kernel_names(result)
-    return names.join(_decode_kernel_names(other).select("name"), on="name", how="anti")
+    return names.join(_decode_kernel_names(other).select("canonical"), on="canonical", how="anti").drop("canonical")
 
 
 def _gap_causes(before: Result, after: Result) -> pl.DataFrame:
@@ -315,4 +326,4 @@ def _rank_step_time(before: Result, after: Result) -> pl.DataFrame | None:
 def _fmt(value: float | None) -> str:
     if value is None:
         return "-"
-    return f"{value:g}" if float(value).is_integer() else f"{value:.3f}"
+    return f"{int(value)}" if float(value).is_integer() else f"{value:.3f}"  # :g would write 1e+06

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -11,7 +13,7 @@ from click.testing import CliRunner
 import nsys_ledger
 from nsys_ledger.cli import main
 from nsys_ledger.report.junit import write_junit, xml_text
-from nsys_ledger.report.markdown import md, render_markdown
+from nsys_ledger.report.markdown import md, md_code, render_markdown
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "sample_traces"
@@ -98,8 +100,95 @@ def test_junit_of_the_healthy_sample_lists_every_check_as_passing(expectations, 
 
 
 def test_junit_without_a_ledger_is_one_skipped_case(tmp_path):
-    suite = junit_of(nsys_ledger.check(SAMPLES / "glm5-graph-healthy.sqlite"), tmp_path).find("testsuite")
+    root = junit_of(nsys_ledger.check(SAMPLES / "glm5-graph-healthy.sqlite"), tmp_path)
+    suite = root.find("testsuite")
     assert (suite.get("tests"), suite.get("skipped"), suite.get("failures")) == ("1", "1", "0")
+    assert root.get("skipped") is None  # junit-10.xsd: not an attribute of <testsuites>
+
+
+# ---- JUnit against the common schema (junit-10.xsd, its facts in tests/fixtures) ----------------
+
+JUNIT_FACTS = json.loads((Path(__file__).parent / "fixtures" / "junit-10.facts.json").read_text(encoding="utf-8"))
+
+
+def junit_schema_errors(root: ET.Element) -> list[str]:
+    """Where `root` breaks junit-10.xsd: unknown or missing attributes, children an element may
+    not hold, text where the schema allows none, a time that is not SUREFIRE_TIME."""
+    elements, time_pattern = JUNIT_FACTS["elements"], re.compile(JUNIT_FACTS["time_pattern"])
+    errors = [] if root.tag == JUNIT_FACTS["root"] else [f"root is <{root.tag}>"]
+    for element in root.iter():
+        facts = elements.get(element.tag)
+        if facts is None:
+            errors.append(f"<{element.tag}> is not in the schema")
+            continue
+        allowed = set(facts["required"]) | set(facts["optional"])
+        errors += [f"<{element.tag}> has attribute {name}" for name in element.attrib if name not in allowed]
+        errors += [f"<{element.tag}> lacks attribute {name}" for name in facts["required"] if name not in element.attrib]
+        errors += [f"<{element.tag}> holds <{child.tag}>" for child in element if child.tag not in facts["children"]]
+        if not facts["text"] and (element.text or "").strip():
+            errors.append(f"<{element.tag}> holds text")
+        for name in JUNIT_FACTS["time_attributes"].get(element.tag, []):
+            if name in element.attrib and not time_pattern.fullmatch(element.get(name)):
+                errors.append(f"<{element.tag}> time {element.get(name)!r}")
+    return errors
+
+
+def test_the_schema_facts_reject_what_junit_10_forbids():
+    bad = ET.fromstring('<testsuites skipped="1"><testsuite name="x" tests="1" failures="0" time="1.5s">'
+                        '<testcase><failure/></testcase></testsuite></testsuites>')
+    assert junit_schema_errors(bad) == [
+        "<testsuites> has attribute skipped",
+        "<testsuite> lacks attribute errors",
+        "<testsuite> time '1.5s'",
+        "<testcase> lacks attribute name",
+    ]
+
+
+@pytest.mark.parametrize("sample, ledger", [
+    ("glm5-graph-healthy.sqlite", True), ("glm5-graph-healthy.sqlite", False),
+    *((name, True) for name in FAULTED),
+])
+def test_junit_validates_against_junit_10(sample, ledger, expectations, tmp_path):
+    root = junit_of(nsys_ledger.check(SAMPLES / sample, expectations if ledger else None), tmp_path)
+    assert junit_schema_errors(root) == []
+    failures = len(FAULTED.get(sample, [])) if ledger else 0
+    assert (root.get("failures"), root.find("testsuite").get("failures")) == (str(failures), str(failures))
+
+
+# ---- a CI gate cannot pass without a ledger -------------------------------------------------------
+
+@pytest.mark.parametrize("option", ["--junit", "--markdown"])
+def test_a_ci_output_without_expect_is_refused(option, tmp_path):
+    target = tmp_path / "out"
+    result = CliRunner().invoke(main, ["check", str(SAMPLES / "glm5-graph-healthy.sqlite"), option, str(target)])
+    assert result.exit_code == 2 and not target.exists()
+    assert result.output.strip() == (
+        "nsys-ledger: error: --junit/--markdown gate a CI job on a ledger and none was given: add --expect FILE "
+        "(or --summary-only to write them without checking one)")
+
+
+def test_summary_only_writes_them_and_says_nothing_was_gated(tmp_path):
+    junit, summary = tmp_path / "junit.xml", tmp_path / "summary.md"
+    result = CliRunner().invoke(main, ["check", str(SAMPLES / "glm5-graph-healthy.sqlite"), "--summary-only",
+                                       "--junit", str(junit), "--markdown", str(summary)])
+    assert result.exit_code == 0, result.output
+    case = ET.parse(junit).getroot().find("testsuite/testcase")
+    assert case.find("skipped").get("message") == "no ledger checked: --summary-only (--expect FILE gates a ledger)"
+    assert summary.read_text().startswith(
+        "### ℹ️ nsys-ledger SUMMARY ONLY: no ledger checked, this job gates nothing (--expect FILE checks one)\n")
+
+
+@pytest.mark.parametrize("order", ["ledger first", "ledger second"])
+def test_a_ledger_given_as_a_trace_says_use_expect(order, tmp_path):
+    trace = str(SAMPLES / "glm5-graph-healthy.sqlite")
+    copy = tmp_path / "my-ledger"  # no .toml suffix: recognised by its tables
+    copy.write_bytes(GLM.read_bytes())
+    for ledger in (str(GLM), str(copy)):
+        args = ["check", ledger, trace] if order == "ledger first" else ["check", trace, ledger]
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 2
+        assert result.output.strip() == (f"nsys-ledger: error: {ledger}: this is a ledger (expectations TOML), "
+                                         "not a trace: pass it with --expect FILE")
 
 
 def test_xml_text_keeps_what_xml_cannot_hold_visible():
@@ -124,6 +213,15 @@ def test_markdown_summary_of_the_healthy_sample(expectations):
     text = render_markdown(nsys_ledger.check(SAMPLES / "glm5-graph-healthy.sqlite", expectations))
     assert text.startswith("### ✅ nsys-ledger PASS: all 18 checks passed on 4 decode steps\n")
     assert "**Findings**" not in text
+
+
+def test_markdown_shows_the_names_a_finding_quotes_as_code(expectations):
+    text = render_markdown(nsys_ledger.check(SAMPLES / "glm5-graph-broken-fusion.sqlite", expectations))
+    assert ("- **layers.classes.dense.groups.ffn**: layer 0: ffn 4 launches per layer, expected 3, in 4 of 4 steps "
+            "(steps 0-3): ffn ops: `deepgemm_dense` x2 (after per\\_token\\_group\\_quant, act\\_and\\_mul), "
+            "`act_and_mul`, `per_token_group_quant`") in text.splitlines()
+    assert "\\`" not in text  # no literal backtick anywhere
+    assert md_code("`a|b` and *c*") == "`a\\|b` and \\*c\\*"
 
 
 def test_markdown_escapes_table_and_markup_characters():

@@ -32,10 +32,11 @@ from nsys_ledger.synth.parquet_writer import write_columnar
 from nsys_ledger.trace import load_trace
 from nsys_ledger.trace.model import FRAME_SCHEMAS
 from nsys_ledger.trace.report_export import cache_dir_for
+from shared_data import real_params, real_sqlite_exports
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = sorted((ROOT / "sample_traces").glob("*.sqlite"))
-REAL = sorted(Path("/work/shared/real_traces").glob("*.sqlite"))
+REAL = real_sqlite_exports()
 GLM = ROOT / "expectations" / "glm-5.3-tp8-ep8.toml"
 HEALTHY = ROOT / "sample_traces" / "glm5-graph-healthy.sqlite"
 BROKEN_FUSION = ROOT / "sample_traces" / "glm5-graph-broken-fusion.sqlite"
@@ -99,7 +100,7 @@ def test_the_healthy_and_broken_samples_give_their_figures_from_parquet(converte
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("path", REAL, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", real_params(REAL))
 def test_real_exports_read_into_the_same_trace(path, fmt, converted):
     reference = load_trace(path)
     columnar = load_trace(converted(path, fmt))

@@ -73,7 +73,7 @@ def test_diff_against_the_healthy_sample_names_the_fault(sample, healthy, expect
     assert diff.worse and diff.exit_code == 1
     for reason in FAULT_REASONS[sample]:
         assert reason in diff.reasons
-    text = render_diff(diff)
+    text = render_diff(diff, width=1000)  # unwrapped: each reason on one line
     assert "WORSE" in text and all(reason in text for reason in FAULT_REASONS[sample])
 
 
@@ -112,7 +112,7 @@ def test_a_trace_against_itself_is_not_worse(healthy):
     assert not diff.worse and diff.exit_code == 0
     assert diff.op_changes == () and diff.layer_changes == ()
     assert diff.new_kernels.height == 0 and diff.vanished_kernels.height == 0
-    last_line = click.unstyle(render_diff(diff).splitlines()[-1])
+    last_line = click.unstyle(render_diff(diff, width=1000).splitlines()[-1])  # unwrapped
     assert last_line.startswith("NOT WORSE under the rule: more kernel launches per step")
 
 

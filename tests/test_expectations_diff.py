@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -165,8 +166,9 @@ def test_sections_added_and_removed(tmp_path):
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
+    # wide enough that the checkout's path does not wrap the lines compared below
     return subprocess.run([sys.executable, "-m", "nsys_ledger.cli", "expectations", "diff", *args],
-                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+                          capture_output=True, text=True, cwd=ROOT, timeout=120, env={**os.environ, "COLUMNS": "1000"})
 
 
 def test_command_exit_codes_text_and_json(tmp_path):

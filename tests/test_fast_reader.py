@@ -19,19 +19,20 @@ from nsys_ledger.trace import load_trace
 from nsys_ledger.trace import arrow_fetch
 from nsys_ledger.trace.arrow_fetch import READER_ENV, ArrowSource, _conform
 from nsys_ledger.trace.model import FRAME_SCHEMAS
+from shared_data import real_params, real_sqlite_exports
 
 pytest.importorskip("adbc_driver_sqlite")
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = sorted((ROOT / "sample_traces").glob("*.sqlite"))
-REAL = sorted(Path("/work/shared/real_traces").glob("*.sqlite"))
+REAL = real_sqlite_exports()
 
 
 def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-@pytest.mark.parametrize("path", SAMPLES + REAL, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [pytest.param(p, id=p.name) for p in SAMPLES] + real_params(REAL))
 def test_both_readers_give_the_same_trace(path, monkeypatch):
     monkeypatch.delenv(READER_ENV, raising=False)
     assert arrow_fetch.reader_name() == "adbc"

@@ -159,7 +159,7 @@ def test_nodes_that_resolve_to_nothing_are_counted(tmp_path):
     assert result.layers.kernels_by_how() == {
         "replay_nvtx": 0, "capture_nvtx": 4 * (1998 - 99), "inferred": 0, "none": 4 * (4 + 99),
     }
-    text = render(result)
+    text = render(result, width=1000)  # unwrapped: the sentences whole
     assert "312 graph kernels (78 nodes) without a capture origin: " + BROKEN_CHAIN in text
     assert "84 graph kernels (21 nodes) without a capture origin: " + NO_NODE_ROW in text
     # every layer then lacks its sparse MLA kernel (13 attention kernels, still inside 12-16)

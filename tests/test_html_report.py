@@ -73,6 +73,39 @@ def test_page_is_one_file_that_loads_nothing(broken_fusion):
     assert len(page.encode()) < 6_000_000
 
 
+def test_plotly_js_comes_once_and_only_with_a_chart(broken_fusion):
+    from plotly.offline import get_plotlyjs
+
+    plotly_head = get_plotlyjs()[:200]
+    with_charts = render_html(broken_fusion)
+    assert with_charts.count(plotly_head) == 1
+    # no decode step: no chart on the page, so no plotly.js (4.8 MB) either
+    no_steps = nsys_ledger.check(SAMPLES / "glm5-graph-healthy.sqlite", step_nvtx="no_such_range",
+                                 step_method="nvtx")
+    assert no_steps.step_table.height == 0
+    page = render_html(no_steps)
+    assert plotly_head not in page and "Plotly" not in page and 'data-charts="none"' in page
+    assert page.count("<script>") == 1  # the table sorting only
+    assert len(page.encode()) < 300_000 < 4_000_000 < len(with_charts.encode())
+
+
+def test_names_a_finding_quotes_are_code_not_backticks(broken_fusion):
+    page = render_html(broken_fusion)
+    assert ("ffn ops: <code>deepgemm_dense</code> x2 (after per_token_group_quant, act_and_mul), "
+            "<code>act_and_mul</code>, <code>per_token_group_quant</code>") in page
+    assert "`" not in page.split('id="findings"')[1].split("</ul>")[0]
+
+
+def test_count_and_step_axes_tick_whole_numbers(broken_fusion):
+    from nsys_ledger.report.figures import integer_axis, three_column_ledger
+
+    figure = three_column_ledger(broken_fusion.step_table)
+    # every step launched 2,158 kernels: one tick at 2,158, none at 2,157.5
+    assert (figure.layout.yaxis2.tick0, figure.layout.yaxis2.dtick, figure.layout.yaxis2.tickformat) == (2158, 1, ",d")
+    assert (figure.layout.xaxis3.tick0, figure.layout.xaxis3.dtick) == (0, 1)  # steps 0-3
+    assert integer_axis(range(3, 500))["dtick"] == 100 and integer_axis(range(3, 500))["tick0"] == 0
+
+
 def test_failing_sample_page_leads_with_the_verdict_and_the_failing_anchor(broken_fusion):
     page = render_html(broken_fusion)
     verdict_at = page.index('id="verdict"')
@@ -156,6 +189,17 @@ def test_failing_sample_in_chromium_shows_verdict_anchor_and_heatmap(browser, br
     assert page.locator("#timeline-representative .main-svg").count() >= 1
     assert page.locator("#timeline-worst .main-svg").count() >= 1
     assert page.locator("#three-column-ledger .main-svg").count() >= 1
+    # axes of steps and counts tick whole numbers only
+    for chart in ("three-column-ledger", "step-time", "step-budget"):
+        ticks = page.locator(f"#{chart} g[class^='x'][class$='tick'] text").evaluate_all(
+            "els => els.map(e => e.textContent)")
+        assert ticks and all(re.fullmatch(r"[0-9]+", t) for t in ticks), (chart, ticks)
+    kernel_ticks = page.locator("#three-column-ledger g.y2tick text").evaluate_all("els => els.map(e => e.textContent)")
+    assert kernel_ticks == ["2,158"]
+    # the heatmap's counts at a readable size: 13 px, not 9
+    sizes = page.locator("#heatmap g.text-group text, #heatmap .textpoint text, #heatmap text").evaluate_all(
+        "els => els.filter(e => /^[0-9]+$/.test(e.textContent)).map(e => getComputedStyle(e).fontSize)")
+    assert sizes and set(sizes) == {"13px"}
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "check-broken-fusion.png"))
     page.screenshot(path=str(ARTIFACTS / "check-broken-fusion-full.png"), full_page=True)

@@ -27,18 +27,14 @@ from nsys_ledger.trace.kineto_reader import load_kineto_capture
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _kineto_dir() -> Path:
-    env = os.environ.get("NSYS_LEDGER_REAL_TRACES")
-    return (Path(env) if env else ROOT.parent / "shared" / "real_traces") / "kineto"
+from shared_data import KINETO_TRACES as K, needs_shared  # noqa: E402
 
-
-K = _kineto_dir()
 SGLANG_DECODE = K / "AMD-AGI__TraceLens__inference_sglang_decode_sglang_Qwen3-8B_decode.json.gz"
 SGLANG_CAPTURE = K / "AMD-AGI__TraceLens__inference_sglang_decode_capture_traces_bs_32_rank0.json.gz"
 VLLM_DECODE = K / "AMD-AGI__TraceLens__inference_vllm_decode_full_graph_execution.json.gz"
 VLLM_CAPTURE = K / ("AMD-AGI__TraceLens__inference_vllm_decode_full_capture_traces_graph_capture_rank_0"
                     ".1773709742341309550.pt.trace.json.gz")
-pytestmark = pytest.mark.skipif(not K.is_dir(), reason=f"no real Kineto traces at {K}")
+pytestmark = needs_shared(K)
 
 QWEN3_LEDGER = """
 [model]

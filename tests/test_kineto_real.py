@@ -28,13 +28,9 @@ from nsys_ledger.trace.model import FRAME_SCHEMAS
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _kineto_dir() -> Path:
-    env = os.environ.get("NSYS_LEDGER_REAL_TRACES")
-    return (Path(env) if env else REPO.parent / "shared" / "real_traces") / "kineto"
+from shared_data import KINETO_TRACES as KINETO_DIR, needs_shared  # noqa: E402
 
-
-KINETO_DIR = _kineto_dir()
-needs_traces = pytest.mark.skipif(not KINETO_DIR.is_dir(), reason=f"no real Kineto traces at {KINETO_DIR}")
+needs_traces = needs_shared(KINETO_DIR)
 
 B200 = "AMD-AGI__TraceLens__b200_eager_trace.json.gz"
 H100 = "AMD-AGI__TraceLens__h100_Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz"

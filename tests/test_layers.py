@@ -21,12 +21,13 @@ from nsys_ledger.report.json_report import result_document
 from nsys_ledger.report.terminal import render
 from nsys_ledger.synth import generate
 from nsys_ledger.synth.schedule import decode_schedule
+from shared_data import REAL_TRACES, needs_shared
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "sample_traces"
 GLM = ROOT / "expectations" / "glm-5.3-tp8-ep8.toml"
 MANIFEST = json.loads((SAMPLES / "manifest.json").read_text())
-LLAMA3 = ROOT.parent / "shared" / "real_traces" / "Sh1mwww__llama3-inference__real_inference_simulation.sqlite"
+LLAMA3 = REAL_TRACES / "Sh1mwww__llama3-inference__real_inference_simulation.sqlite"
 
 
 @pytest.fixture(scope="module")
@@ -249,11 +250,11 @@ def test_layer_fault_found_by_inference(tmp_path, expectations):
 
 
 def test_terminal_prints_coverage_and_inference(results):
-    graph = click.unstyle(render(results("glm5-graph-healthy.sqlite")))
+    graph = click.unstyle(render(results("glm5-graph-healthy.sqlite"), width=1000))  # unwrapped
     assert ("layers    99.8% of 8,008 decode kernels have a layer, 78 layers (capture-time NVTX 7,992, "
             "outside any layer 16)") in graph
     assert "INFERRED" not in graph
-    eager = click.unstyle(render(results("glm5-eager-no-nvtx.sqlite")))
+    eager = click.unstyle(render(results("glm5-eager-no-nvtx.sqlite"), width=1000))
     assert "layers    99.8% of 8,008 decode kernels have a layer, 78 layers (inferred 7,992, outside any layer 16)" in eager
     assert ("layers INFERRED in 4 decode steps (no layer-wise NVTX range; 4 exact by anchor): each layer holds one "
             "sparse_mla and opens at the last fused_add_rmsnorm before it (layer 0 at the first fused_add_rmsnorm or "
@@ -281,7 +282,7 @@ def test_json_per_layer_counts_are_compact(results):
     assert (finding["check"], finding["layers"]) == ("layer_uniform", "41")
 
 
-@pytest.mark.skipif(not LLAMA3.exists(), reason="real exports not available")
+@needs_shared(LLAMA3)
 def test_default_layer_regex_on_a_real_trace():
     """No expectations: the default regex still names the `layer_M_token_N` ranges' layers."""
     result = nsys_ledger.check(LLAMA3, step_nvtx=r"^token_\d+_processing$")

@@ -18,11 +18,12 @@ import nsys_ledger
 from nsys_ledger.learn import LearnError, LearnOptions, learn, write_learned_ledger
 from nsys_ledger.ledger.model import Range
 from nsys_ledger.ledger import load_expectations, write_expectations
+from shared_data import REAL_TRACES, needs_shared
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "sample_traces"
 GLM = ROOT / "expectations" / "glm-5.3-tp8-ep8.toml"
-REAL = ROOT.parent / "shared" / "real_traces"
+REAL = REAL_TRACES
 LLAMA3 = REAL / "Sh1mwww__llama3-inference__real_inference_simulation.sqlite"
 NSYS_AI = REAL / "GindaChen__nsys-ai__h100_2gpu_1s.sqlite"
 
@@ -99,7 +100,7 @@ def _plain_count(path: Path, sql: str) -> int:
         return db.execute(sql).fetchone()[0]
 
 
-@pytest.mark.skipif(not LLAMA3.is_file(), reason="shared real traces not present")
+@needs_shared(LLAMA3)
 def test_learn_on_the_llama3_layer_loop(tmp_path):
     ledger = load_expectations(_learned(tmp_path, LLAMA3, step_nvtx=r"^token_\d+_processing$"))
     steps = _plain_count(LLAMA3, "select count(*) from NVTX_EVENTS where text glob 'token_*_processing'")
@@ -116,7 +117,7 @@ def test_learn_on_the_llama3_layer_loop(tmp_path):
     assert nsys_ledger.check(LLAMA3, ledger).verdict == "pass"
 
 
-@pytest.mark.skipif(not NSYS_AI.is_file(), reason="shared real traces not present")
+@needs_shared(NSYS_AI)
 def test_learn_on_the_nsys_ai_capture(tmp_path):
     """A 1 s window of a 2-GPU capture without step ranges: each process's capture is a step."""
     ledger = load_expectations(_learned(tmp_path, NSYS_AI, step_method="capture"))
@@ -142,7 +143,11 @@ def test_learn_command(tmp_path):
     lines = run.stdout.splitlines()
     assert lines[0].startswith("learned ") and lines[0].endswith(f"total 2002 kernels per step -> {out}")
     assert lines[1] == "check of the same traces with it: PASS (all 52 checks passed on 4 decode steps)"
-    # a trace without decode steps: one line, exit 2
+
+
+@needs_shared(LLAMA3)
+def test_learn_command_on_a_trace_without_decode_steps(tmp_path):
+    """One line, exit 2 (the llama3 export has no decode step by default: its steps are NVTX ranges)."""
     bad = subprocess.run(
         [sys.executable, "-m", "nsys_ledger.cli", "learn", str(LLAMA3), "--out", str(tmp_path / "x.toml")],
         capture_output=True, text=True,
@@ -162,7 +167,7 @@ def test_learn_on_two_ranks_keeps_their_spread(tmp_path):
     assert nsys_ledger.check(sample, ledger).verdict == "pass"
 
 
-@pytest.mark.skipif(not NSYS_AI.is_file(), reason="shared real traces not present")
+@needs_shared(NSYS_AI)
 def test_learned_rank_spread_is_never_tighter_than_ten_percent(tmp_path):
     """The nsys-ai capture's two ranks differ by well under 1% in busy time: the learned limit
     stays at 10%, not a fraction of a percent that any rerun would exceed."""

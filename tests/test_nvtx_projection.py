@@ -29,7 +29,8 @@ from nsys_ledger.attribution.nvtx_projection import (
 )
 from nsys_ledger.trace import load_trace
 
-REAL_TRACES = Path(os.environ.get("NSYS_LEDGER_REAL_TRACES", Path(__file__).resolve().parents[2] / "shared" / "real_traces"))
+from shared_data import REAL_TRACES, needs_shared, real_params  # noqa: E402
+
 WITH_NVTX = sorted(p for p in REAL_TRACES.glob("*.sqlite") if not p.name.startswith("morluto")) if REAL_TRACES.is_dir() else []
 LLAMA3 = REAL_TRACES / "Sh1mwww__llama3-inference__real_inference_simulation.sqlite"
 
@@ -95,7 +96,7 @@ def _project(trace) -> tuple[pl.DataFrame, pl.DataFrame]:
     return calls, found.join(calls.select("call", "pid", "correlation"), on="call")
 
 
-@pytest.mark.parametrize("path", WITH_NVTX, ids=[p.name.split("__")[0] for p in WITH_NVTX])
+@pytest.mark.parametrize("path", real_params(WITH_NVTX))
 def test_enclosing_ranges_equal_the_sql_join(path):
     trace = load_trace(path)
     _, found = _project(trace)
@@ -105,7 +106,7 @@ def test_enclosing_ranges_equal_the_sql_join(path):
     assert len(ours) == {"GindaChen": 4018, "LeiWang1999": 80, "Sh1mwww": 8192, "hpcgroup": 5}[path.name.split("__")[0]]
 
 
-@pytest.mark.parametrize("path", WITH_NVTX, ids=[p.name.split("__")[0] for p in WITH_NVTX])
+@pytest.mark.parametrize("path", real_params(WITH_NVTX))
 def test_innermost_first(path):
     """nesting 0 is the range with the latest start (ties: the earliest end), then outward."""
     trace = load_trace(path)
@@ -121,7 +122,7 @@ def test_innermost_first(path):
         assert all(a <= b for a, b in zip(ends, ends[1:]))  # each enclosing range ends no earlier
 
 
-@pytest.mark.skipif(not LLAMA3.exists(), reason="real exports not available")
+@needs_shared(LLAMA3)
 def test_llama3_layer_token_ranges_project_like_sql():
     """The `layer_M_token_N` ranges of the llama3 simulation: GPU ops per range, as nsys counts them."""
     trace = load_trace(LLAMA3)

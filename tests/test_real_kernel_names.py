@@ -26,7 +26,9 @@ from nsys_ledger.ledger import load_expectations
 
 REPO = Path(__file__).resolve().parents[1]
 GLM = REPO / "expectations" / "glm-5.3-tp8-ep8.toml"
-TSV = Path(os.environ.get("NSYS_LEDGER_REFERENCE", REPO.parent / "shared" / "reference")) / "real-kernel-names.tsv"
+from shared_data import REFERENCE, skip_without_shared  # noqa: E402
+
+TSV = REFERENCE / "real-kernel-names.tsv"
 
 # DeepSeek-V3 (TP1) shape of the row -> the GLM-5.3 (TP8) shape the ledger declares for the op.
 GLM_SHAPES = {
@@ -57,7 +59,7 @@ KNOWN_EXCEPTIONS = {
 
 def _rows() -> list[tuple[int, dict[str, str]]]:
     if not TSV.is_file():
-        pytest.skip(f"{TSV} not present (shared reference files)")
+        skip_without_shared()
     with open(TSV, newline="") as fh:
         return [(i, row) for i, row in enumerate(csv.DictReader(fh, delimiter="\t"), start=2)]
 

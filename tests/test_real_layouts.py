@@ -48,7 +48,7 @@ def test_healthy_graph_sample_passes_with_its_step_entry_gap_caused_by_the_launc
     assert table["gaps"].to_list() == [0] * 4 and table["step_entry_gaps"].to_list() == [1] * 4
     # the launch wait is host time in the step budget
     assert (table["host_ns"] == table["step_entry_gap_ns"]).all()
-    text = click.unstyle(render(result))
+    text = click.unstyle(render(result, width=1000))  # unwrapped: the sentences whole
     lo, hi = min(truth) / 1000, max(truth) / 1000
     assert f"0 (+1 launch gap at entry, {lo:.1f}-{hi:.1f} us)" in text
     doc = result_document(result)
@@ -125,10 +125,11 @@ def test_op_coverage_in_terminal_json_and_html(glm):
     result = nsys_ledger.check(SAMPLES / "glm5-graph-healthy.sqlite", glm)
     cov = result.coverage
     assert (cov.kernels("specific"), cov.kernels("fallback"), cov.kernels("no_op")) == (4 * 1668, 4 * 334, 0)
-    text = click.unstyle(render(result))
-    assert ("ops       2,002.0 decode kernels per step: specific op 1,668.0 (83.3%), generic fallback 334.0 (16.7%), "
-            "no op 0.0 (0.0%)") in text
-    assert "fallback    75.0/step  deepgemm_dense: deep_gemm::sm90_fp8_gemm_1d2d_impl (N=512 K=6144, normal)" in text
+    text = click.unstyle(render(result, width=1000))  # unwrapped: the sentences whole
+    # integers as integers: the counts per step are whole here
+    assert ("ops       2,002 decode kernels per step: specific op 1,668 (83.3%), generic fallback 334 (16.7%), "
+            "no op 0 (0.0%)") in text
+    assert "fallback      75/step  deepgemm_dense: deep_gemm::sm90_fp8_gemm_1d2d_impl (N=512 K=6144, normal)" in text
     doc = result_document(result)["op_coverage"]
     assert (doc["decode_kernels"], doc["steps"]) == (8008, 4)
     assert doc["specific"] == {"kernels": 6672, "per_step": 1668.0, "share": 0.8332}
@@ -140,4 +141,4 @@ def test_op_coverage_in_terminal_json_and_html(glm):
     # a kernel no op names shows up as such, per step
     layer41 = nsys_ledger.check(SAMPLES / "glm5-graph-layer41.sqlite", glm)
     assert layer41.coverage.to_dict()["top_no_op"][0]["per_step"] == 1.0
-    assert "no op        1.0/step  at::native::elementwise_kernel" in click.unstyle(render(layer41))
+    assert "no op          1/step  at::native::elementwise_kernel" in click.unstyle(render(layer41, width=1000))

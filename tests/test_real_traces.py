@@ -23,12 +23,8 @@ from nsys_ledger.trace.model import FRAME_SCHEMAS
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _traces_dir() -> Path:
-    env = os.environ.get("NSYS_LEDGER_REAL_TRACES")
-    return Path(env) if env else REPO.parent / "shared" / "real_traces"
+from shared_data import REAL_TRACES as TRACES_DIR, skip_without_shared  # noqa: E402
 
-
-TRACES_DIR = _traces_dir()
 FILES = sorted(TRACES_DIR.glob("*.sqlite")) if TRACES_DIR.is_dir() else []
 
 # File-name prefix -> facts stated in the README (and checked by SQL below).
@@ -62,7 +58,7 @@ def _params():
 @pytest.fixture(params=_params())
 def path(request) -> Path:
     if request.param is None:
-        pytest.skip(f"real traces not found in {TRACES_DIR} (set NSYS_LEDGER_REAL_TRACES)")
+        skip_without_shared()
     return request.param
 
 
@@ -272,7 +268,7 @@ def _find(prefix: str) -> Path:
     for p in FILES:
         if p.name.startswith(prefix):
             return p
-    pytest.skip(f"{prefix}* not found in {TRACES_DIR}")
+    skip_without_shared()
 
 
 def test_nsys_ai_h100():

@@ -23,7 +23,7 @@ from nsys_ledger.trace import load_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 GLM = ROOT / "expectations" / "glm-5.3-tp8-ep8.toml"
-REAL_TRACES = Path(os.environ.get("NSYS_LEDGER_REAL_TRACES") or ROOT.parent / "shared" / "real_traces")
+from shared_data import REAL_TRACES, needs_shared  # noqa: E402
 REAL_EXPORT = {
     "2022.2": "hpcgroup__pipit__saxpy-mpi-cuda_nsys_perlmutter0.sqlite",
     "2023.1": "LeiWang1999__memfusion_artifact__report1.sqlite",
@@ -212,7 +212,7 @@ def test_columns_added_from_2024(exports, version, green, graph_id, copy_count):
     assert replayed["graph_id"].null_count() == (0 if graph_id else replayed.height)
 
 
-@pytest.mark.skipif(not REAL_TRACES.is_dir(), reason="real exports not available")
+@needs_shared(REAL_TRACES)
 @pytest.mark.parametrize("release", list(REAL_EXPORT))
 def test_layouts_match_the_real_export_of_the_era(exports, release):
     path, _ = exports(release)

@@ -20,7 +20,7 @@ import pytest
 
 from nsys_ledger.synth import FAULTS, GAP_SITES, generate
 
-REAL_TRACES = Path(os.environ.get("NSYS_LEDGER_REAL_TRACES", "/work/shared/real_traces"))
+from shared_data import REAL_TRACES, REFERENCE, needs_shared  # noqa: E402
 REAL_2026 = REAL_TRACES / "GindaChen__nsys-ai__h100_2gpu_1s.sqlite"
 REAL_2025 = REAL_TRACES / "morluto__flameox__nsight-2025.5.2.sqlite"
 SAMPLES = Path(__file__).resolve().parent.parent / "sample_traces"
@@ -101,7 +101,7 @@ def _tables(con):
     return {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
 
 
-@pytest.mark.skipif(not REAL_2026.exists(), reason="real exports not available")
+@needs_shared(REAL_2026)
 @pytest.mark.parametrize("config", ["graph-healthy", "eager", "graph-level"])
 def test_tables_match_real_exports(gen, config):
     kw = {"graph-healthy": {"mode": "graph"}, "eager": {"mode": "eager", "step_nvtx": True},
@@ -588,8 +588,7 @@ def test_timeline_is_physically_consistent(gen):
 # --------------------------------------------------------------------------------------------
 # (f) real kernel names: the DeepGEMM layouts and the rows of real-kernel-names.tsv
 # --------------------------------------------------------------------------------------------
-REAL_NAMES = Path(os.environ.get("NSYS_LEDGER_REFERENCE", "/work/shared/reference")) / \
-    "real-kernel-names.tsv"
+REAL_NAMES = REFERENCE / "real-kernel-names.tsv"
 
 
 def _tsv_rows() -> dict[int, str]:
@@ -676,7 +675,7 @@ def test_unknown_deepgemm_layout_rejected(tmp_path):
         generate(tmp_path / "x.sqlite", deepgemm_layout="v3")
 
 
-@pytest.mark.skipif(not REAL_NAMES.exists(), reason="real-kernel-names.tsv not available")
+@needs_shared(REAL_NAMES)
 def test_names_reproduce_the_real_rows():
     """The generator's names are the real ones: DeepGEMM configurations rebuilt from the rows'
     N, K and tiles give the rows exactly (nsys style for the nsys rows 2-7, c++filt style for

@@ -423,9 +423,11 @@ def test_idle_time_with_profiler_overhead_inside_is_no_gap():
 def test_cli_prints_the_budget_and_writes_the_timeline_json(tmp_path):
     out = tmp_path / "result.json"
     run = CliRunner().invoke(main, ["check", str(SAMPLES / "glm5-graph-caused-gaps.sqlite"), "--expect", str(GLM),
-                                    "--per-stream-gaps", "--batch", "64", "--json", str(out)])
+                                    "--per-stream-gaps", "--batch", "64", "--json", str(out)],
+                             env={"COLUMNS": "1000"})  # unwrapped: the sentences below whole
     assert run.exit_code == 1, run.output
-    assert "k/token@64" in run.output and "31.3" in run.output  # 2002 / 64
+    assert "kernels/token: kernels per step / 64 tokens of the batch" in run.output
+    assert "31.3" in run.output  # 2002 / 64
     assert "step time budget (us)" in run.output and "gpu-bound" in run.output
     assert "by cause: host 11 (164.9 us), collective 8 (98.0 us), copy_launch 3 (9.9 us)" in run.output
     assert "per-stream gaps above 2 us: device 0 stream 20" in run.output

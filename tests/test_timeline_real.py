@@ -20,7 +20,7 @@ import nsys_ledger
 from nsys_ledger.checks.gaps import GAP_CAUSES
 
 REPO = Path(__file__).resolve().parents[1]
-TRACES_DIR = Path(os.environ.get("NSYS_LEDGER_REAL_TRACES", REPO.parent / "shared" / "real_traces"))
+from shared_data import REAL_TRACES as TRACES_DIR, skip_without_shared  # noqa: E402
 FILES = sorted(TRACES_DIR.glob("*.sqlite")) if TRACES_DIR.is_dir() else []
 
 NSYS_AI = "GindaChen__nsys-ai"
@@ -36,7 +36,7 @@ STEP_NVTX = {
 def _file(prefix: str) -> Path:
     matches = [p for p in FILES if p.name.startswith(prefix)]
     if not matches:
-        pytest.skip(f"{prefix} export not found in {TRACES_DIR} (set NSYS_LEDGER_REAL_TRACES)")
+        skip_without_shared()
     return matches[0]
 
 
@@ -133,7 +133,7 @@ def test_h2d_per_marker_step_equals_sql_on_the_pipit_export(tmp_path):
 @pytest.mark.parametrize(("path", "step_nvtx"), _cases())
 def test_gap_detection_runs_and_its_gaps_hold_on_the_file(path, step_nvtx):
     if path is None:
-        pytest.skip(f"real traces not found in {TRACES_DIR} (set NSYS_LEDGER_REAL_TRACES)")
+        skip_without_shared()
     result = nsys_ledger.check(path, step_nvtx=step_nvtx, per_stream_gaps=True)
     gaps, table = result.gaps, result.step_table
     assert set(gaps["cause"]) <= set(GAP_CAUSES)

@@ -16,9 +16,7 @@ from nsys_ledger.trace import Trace, load_trace
 from nsys_ledger.trace import sqlite_reader
 
 REPO = Path(__file__).resolve().parents[1]
-TRACES_DIR = Path(
-    os.environ.get("NSYS_LEDGER_REAL_TRACES") or REPO.parent / "shared" / "real_traces"
-)
+from shared_data import REAL_TRACES as TRACES_DIR, skip_without_shared  # noqa: E402
 
 
 def _sha(path: Path) -> str:
@@ -47,7 +45,7 @@ def _smallest_real_trace() -> Path:
     if TRACES_DIR.is_dir():
         files = sorted(TRACES_DIR.glob("*.sqlite"), key=lambda p: p.stat().st_size)
     if not files:
-        pytest.skip(f"real traces not found in {TRACES_DIR}")
+        skip_without_shared()
     return files[0]
 
 

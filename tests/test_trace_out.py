@@ -20,6 +20,7 @@ import pytest
 from nsys_ledger.api import check
 from nsys_ledger.report.chrome_trace import GAPS_TID, STEPS_TID, chrome_trace_document, gpu_pid, host_pid
 from nsys_ledger.report.selection import parse_step_list, select_steps
+from shared_data import KINETO_TRACES, needs_shared
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "sample_traces"
@@ -27,8 +28,7 @@ GLM = ROOT / "expectations" / "glm-5.3-tp8-ep8.toml"
 
 
 def _kineto_dir() -> Path:
-    env = os.environ.get("NSYS_LEDGER_REAL_TRACES")
-    return (Path(env) if env else ROOT.parent / "shared" / "real_traces") / "kineto"
+    return KINETO_TRACES
 
 
 SGLANG_DECODE = _kineto_dir() / "AMD-AGI__TraceLens__inference_sglang_decode_sglang_Qwen3-8B_decode.json.gz"
@@ -97,7 +97,7 @@ def test_events_match_the_result_of_a_gap_sample():
     assert "rank 0 host" in names
 
 
-@pytest.mark.skipif(not SGLANG_DECODE.is_file(), reason="no real Kineto traces")
+@needs_shared(SGLANG_DECODE)
 def test_kineto_replay_with_its_capture(tmp_path):
     """The SGLang Qwen3 decode step: 555 kernels, 544 of them replayed from the graph, whose
     slices carry the module and layer paired from the capture trace."""

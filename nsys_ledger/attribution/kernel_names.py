@@ -95,6 +95,40 @@ def _split_head(name: str) -> tuple[str, str]:
     return text, ""
 
 
+_ANONYMOUS_CANONICAL = "(anonymous namespace)"
+
+
+def canonical_kernel_name(name: str) -> str:
+    """One spelling of a kernel whatever demangled it: nsys's `void <unnamed>::k<(int)2048,
+    (bool)0>(const float *)` and c++filt's `void (anonymous namespace)::k<2048, false>(float
+    const*)` both give `(anonymous namespace)::k<2048, false>`. The qualified function name
+    and its template arguments (integers and bools by value), without the parameter list:
+    nsys writes its types as T1, T2 where c++filt spells them out, so no spelling of it
+    matches across the two."""
+    head, _ = _split_head(name)
+    for anonymous in _ANONYMOUS:
+        head = head.replace(anonymous, _ANONYMOUS_CANONICAL)
+    args = [_canonical_arg(arg) for arg in template_args(name)]
+    return f"{head.strip()}<{', '.join(args)}>" if args else head.strip()
+
+
+def _canonical_arg(arg: str) -> str:
+    value = int_value(arg)
+    if value is not None:
+        return str(value)
+    flag = bool_value(arg)
+    if flag is not None:
+        return "true" if flag else "false"
+    if arg.startswith("&"):  # a function: nsys `&silu`, c++filt `&(silu(float const&))`
+        function = arg[1:].strip()
+        if function.startswith("(") and function.endswith(")"):
+            function = function[1:-1]
+        return "&" + function.split("(", 1)[0].strip()
+    if "<" in arg and not arg.startswith("("):  # a template of its own: `OpaqueType<2u>`
+        return canonical_kernel_name(arg)
+    return " ".join(arg.split()).replace("<unnamed>", _ANONYMOUS_CANONICAL)
+
+
 def int_value(arg: str) -> int | None:
     """The value of an integral template argument, None for anything else (bools included)."""
     m = _INT_ARG.match(arg)

@@ -10,8 +10,14 @@ step itself. The steps are the ones the HTML report draws (`selection.select_ste
 * per rank, one process for the host (``rank 0 host``) with a thread per OS thread: the launch
   calls of the step (kernel and graph launches, copies, syncs) and a ``steps`` thread with one
   event per drawn step;
-* each finding that names a drawn step as a global instant event (`i`, scope `g`) at the
-  step's start, carrying the message and the hint.
+* each finding that names a drawn step as an instant event (`i`) on the activity it is about,
+  on that activity's own track: an anchor's first kernel of its op, a per-layer finding's first
+  kernel of its group in the first layer it names, an H2D finding's (pageable) copy, a gap
+  finding's longest gap; a finding about the step as a whole (total, graph launches, layer
+  count) stays a global instant at the step's start. It carries the message and the hint;
+* flow arrows (`s` -> `f`) from each launch call to the kernel, copy or memset it launched (a
+  graph launch: to the first kernel of the replay), so the host side and the device side of a
+  launch are one click apart.
 
 Times are microseconds from the earliest drawn event (the format's unit), with nanosecond
 decimals. Every name from the trace goes into JSON strings only (escaped by the encoder).
@@ -60,7 +66,8 @@ def chrome_trace_document(result: Result) -> dict:
     events += _gap_events(gaps, origin)
     events += _call_events(calls, origin)
     events += _step_events(windows, origin, selected)
-    events += _finding_events(result, windows, origin)
+    events += _finding_events(result, windows, activities, gaps, origin)
+    events += _flow_events(activities, calls, origin)
     return {
         "traceEvents": events,
         "displayTimeUnit": "ns",
@@ -213,18 +220,121 @@ def _step_events(windows: pl.DataFrame, origin: int, selected: list[SelectedStep
     ]
 
 
-def _finding_events(result: Result, windows: pl.DataFrame, origin: int) -> list[dict]:
-    """One global instant event per (finding, drawn step it names), at the step's GPU start."""
+def _finding_events(result: Result, windows: pl.DataFrame, activities: pl.DataFrame, gaps: pl.DataFrame,
+                    origin: int) -> list[dict]:
+    """One instant event per (finding, drawn step it names): on the activity the finding is
+    about (its track, its start), else a global one at the step's GPU start."""
     events = []
     all_steps = result.step_table.select(STEP_KEY)
+    peers = _healthy_peers(result)
     for finding in result.findings:
         named = parse_step_list(finding.steps, all_steps).join(windows, on=STEP_KEY)
         for row in named.iter_rows(named=True):
             args = {"message": finding.message, "expectation": finding.source, "check": finding.check,
                     "steps": finding.steps, "hint": finding.hint, "step": row["step"], "rank": row["rank"]}
-            events.append({
-                "ph": "i", "s": "g", "cat": "finding", "name": f"finding: {finding.source}",
-                "pid": host_pid(row["rank"]), "tid": STEPS_TID, "ts": _us(row["start"], origin),
-                "args": {k: v for k, v in args.items() if v is not None},
-            })
+            place = _offending_activity(finding, activities, gaps, row["rank"], row["step"], peers)
+            if place is None:
+                where = {"s": "g", "pid": host_pid(row["rank"]), "tid": STEPS_TID, "ts": _us(row["start"], origin)}
+            else:
+                pid, tid, start, name = place
+                where = {"s": "t", "pid": pid, "tid": tid, "ts": _us(start, origin)}
+                args["on"] = name
+            events.append({"ph": "i", "cat": "finding", "name": f"finding: {finding.source}", **where,
+                           "args": {k: v for k, v in args.items() if v is not None}})
+    return events
+
+
+def _healthy_peers(result: Result) -> dict[tuple[str, int], list[int]]:
+    """(group, layer) -> the layers of the same class that no finding about that group names,
+    nearest first: what a faulted layer's kernels are compared with."""
+    if result.expectations is None:
+        return {}
+    faulted: dict[str, set[int]] = {}
+    for finding in result.findings:
+        if finding.check in ("layer", "layer_uniform") and finding.layers:
+            faulted.setdefault(finding.subject, set()).update(_compact_values(finding.layers))
+    peers = {}
+    for group, layers in faulted.items():
+        for layer_class in result.expectations.layer_classes:
+            healthy = [layer for layer in layer_class.layers if layer not in layers]
+            for layer in set(layer_class.layers) & layers:
+                peers[(group, layer)] = sorted(healthy, key=lambda peer: (abs(peer - layer), peer))[:3]
+    return peers
+
+
+def _offending_activity(finding, activities: pl.DataFrame, gaps: pl.DataFrame, rank: int, step: int,
+                        peers: dict[tuple[str, int], list[int]]) -> tuple[int, int, int, str] | None:
+    """(pid, tid, start, name) of the activity a finding is about in one drawn step, or None."""
+    in_step = activities.filter((pl.col("rank") == rank) & (pl.col("step") == step))
+    if finding.check == "anchor":
+        about = in_step.filter((pl.col("activity") == "kernel") & (pl.col("op") == finding.subject))
+    elif finding.check in ("layer", "layer_uniform") and finding.layers and "layer" in in_step.columns:
+        layer = _compact_values(finding.layers)[0]
+        about = _first_odd_kernel(in_step, finding.subject, layer, peers.get((finding.subject, layer), []))
+    elif finding.check in ("h2d", "h2d_pageable", "h2d_bytes"):
+        about = in_step.filter((pl.col("activity") == "memcpy") & (pl.col("copy_kind") == "HtoD"))
+        if finding.check == "h2d_pageable":
+            about = about.filter(pl.col("src_kind") == "Pageable")
+    elif finding.check == "gaps" and gaps.height:
+        longest = gaps.filter((pl.col("rank") == rank) & (pl.col("step") == step)).sort(
+            "duration", "start", descending=[True, False]).head(1)
+        if longest.height:
+            gap = longest.row(0, named=True)
+            return gpu_pid(rank, gap["device"]), GAPS_TID, gap["start"], f"gap: {gap['cause']}"
+        return None
+    else:
+        return None
+    if about.height == 0:
+        return None
+    first = about.sort("start").row(0, named=True)
+    return gpu_pid(rank, first["device"]), first["stream"], first["start"], first["name"] or first["activity"]
+
+
+def _compact_values(text: str) -> list[int]:
+    """"3-32, 34-36, 41" -> [3, ..., 32, 34, 35, 36, 41]."""
+    values = []
+    for part in text.split(","):
+        low, _, high = part.strip().partition("-")
+        values += range(int(low), int(high or low) + 1)
+    return values
+
+
+def _first_odd_kernel(in_step: pl.DataFrame, group: str, faulted: int, peers: list[int]) -> pl.DataFrame:
+    """The kernel of `group` in a faulted layer where its sequence of ops first departs from a
+    healthy peer's of the same class (layer 41's stray kernel, not its first one); where they
+    agree up to the shorter end, the first kernel beyond it; without a healthy peer (every layer
+    of the class at fault), the group's first kernel."""
+    def sequence(layer: int) -> pl.DataFrame:
+        return in_step.filter((pl.col("layer") == layer) & (pl.col("layer_group") == group)).sort("start")
+
+    kernels = sequence(faulted)
+    for peer in peers:
+        healthy = sequence(peer)
+        if healthy.height == 0:
+            continue
+        ops = [op or name for op, name in kernels.select("op", "name").iter_rows()]
+        peer_ops = [op or name for op, name in healthy.select("op", "name").iter_rows()]
+        differ = next((i for i, (a, b) in enumerate(zip(ops, peer_ops)) if a != b), min(len(ops), len(peer_ops)))
+        return kernels.slice(min(differ, max(kernels.height - 1, 0)), 1)
+    return kernels.head(1)
+
+
+def _flow_events(activities: pl.DataFrame, calls: pl.DataFrame, origin: int) -> list[dict]:
+    """A flow arrow per launch: from the call on its host thread to the first activity with its
+    correlation id (a graph launch's replay shares one id: the arrow goes to its first kernel)."""
+    if calls.height == 0 or activities.height == 0:
+        return []
+    launched = (
+        activities.filter(pl.col("correlation").is_not_null())
+        .sort("start").group_by("rank", "pid", "correlation", maintain_order=True)
+        .agg(pl.col("start").first().alias("gpu_start"), pl.col("device").first(), pl.col("stream").first())
+    )
+    pairs = calls.filter(pl.col("kind") != "sync").join(launched, on=["rank", "pid", "correlation"]).sort("start")
+    events = []
+    for flow_id, row in enumerate(pairs.iter_rows(named=True), start=1):
+        common = {"cat": "launch", "name": "launch", "id": flow_id}
+        events.append({"ph": "s", **common, "pid": host_pid(row["rank"]), "tid": row["tid"],
+                       "ts": _us(row["start"], origin)})
+        events.append({"ph": "f", "bp": "e", **common, "pid": gpu_pid(row["rank"], row["device"]),
+                       "tid": row["stream"], "ts": _us(row["gpu_start"], origin)})
     return events

@@ -17,6 +17,7 @@ from nsys_ledger import __version__
 from nsys_ledger.checks.ledger import short_kernel_name
 from nsys_ledger.diff import FigureChange, TraceDiff
 from nsys_ledger.report.html_kit import Cell, esc, figure, note, page, table
+from nsys_ledger.report.layout import fit_lines, terminal_width
 
 DIFF_SCHEMA_VERSION = "1.1"
 MAX_NAMES = 20  # kernel names listed in the terminal per side
@@ -24,7 +25,8 @@ MAX_NAMES = 20  # kernel names listed in the terminal per side
 
 # ---- terminal -----------------------------------------------------------------------------
 
-def render_diff(diff: TraceDiff) -> str:
+def render_diff(diff: TraceDiff, width: int | None = None) -> str:
+    """The diff for the terminal, every line at most `width` columns (default: the terminal's)."""
     lines = [
         click.style(f"nsys-ledger diff {diff.before.trace.path} -> {diff.after.trace.path}", bold=True),
         _side_line("before", diff.before),
@@ -53,7 +55,7 @@ def render_diff(diff: TraceDiff) -> str:
     lines += _name_rows("new in AFTER", diff.new_kernels) + _name_rows("vanished from BEFORE", diff.vanished_kernels)
     lines += ["", click.style("idle gaps by cause (per step)", bold=True)]
     lines += [
-        f"  {cause:<16} {bg:8.2f} -> {ag:8.2f} gaps   {bu:10.1f} -> {au:10.1f} us"
+        f"  {cause:<16} {_fmt(bg):>8} -> {_fmt(ag):>8} gaps   {bu:10,.1f} -> {au:10,.1f} us"
         for cause, bg, bu, ag, au in diff.gap_causes.select(
             "cause", "before_gaps", "before_us", "after_gaps", "after_us").iter_rows()
     ] or ["  no gap above the threshold in either trace"]
@@ -61,7 +63,7 @@ def render_diff(diff: TraceDiff) -> str:
               f"  new in AFTER: {', '.join(diff.new_findings) or 'none'}",
               f"  resolved:     {', '.join(diff.resolved_findings) or 'none'}", ""]
     lines += _diff_verdict(diff)
-    return "\n".join(lines)
+    return "\n".join(fit_lines(lines, width or terminal_width()))
 
 
 def _time_rows(diff: TraceDiff) -> list[str]:
@@ -100,7 +102,7 @@ def _name_rows(label: str, names: pl.DataFrame) -> list[str]:
         return [f"  {label}: none"]
     rows = [f"  {label}: {names.height}"]
     for name, op, per_step in names.head(MAX_NAMES).iter_rows():
-        rows.append(f"    {per_step:8.2f}/step  [{op or '-'}] {short_kernel_name(name, 100)}")
+        rows.append(f"    {_fmt(per_step):>8}/step  [{op or '-'}] {short_kernel_name(name, 100)}")
     if names.height > MAX_NAMES:
         rows.append(f"    ... {names.height - MAX_NAMES} more (all of them in --json)")
     return rows
@@ -117,7 +119,7 @@ def _diff_verdict(diff: TraceDiff) -> list[str]:
 def _fmt(value: float | None) -> str:
     if value is None:
         return "-"
-    return f"{value:g}" if float(value).is_integer() else f"{value:.3f}"
+    return f"{int(value)}" if float(value).is_integer() else f"{value:.3f}"  # :g would write 1e+06
 
 
 def _signed(change: FigureChange) -> str:
@@ -209,7 +211,7 @@ def render_diff_html(diff: TraceDiff) -> str:
              f"resolved: {', '.join(diff.resolved_findings) or 'none'}"),
         "</main>",
     ])
-    return page(f"nsys-ledger diff: {verdict}", body, with_charts=True)
+    return page(f"nsys-ledger diff: {verdict}", body)
 
 
 def write_diff_html(diff: TraceDiff, path: str | Path) -> None:

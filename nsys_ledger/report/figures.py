@@ -6,6 +6,8 @@ before it goes into a label or hover text: plotly renders a subset of HTML in th
 
 from __future__ import annotations
 
+import math
+
 import plotly.graph_objects as go
 import polars as pl
 from plotly.subplots import make_subplots
@@ -207,6 +209,9 @@ def three_column_ledger(steps: pl.DataFrame) -> go.Figure:
                 line=dict(color=_OTHER_COLOURS[rank % len(_OTHER_COLOURS)] if rank else "#1f77b4"),
             ), row=row, col=1)
     fig.update_xaxes(title_text="decode step", row=3, col=1)
+    fig.update_xaxes(**integer_axis(steps["step"].to_list()))
+    for row, column in ((1, "cpu_submissions"), (2, "kernels"), (3, "gaps")):
+        fig.update_yaxes(**integer_axis(steps[column].to_list()), row=row, col=1)
     fig.update_layout(height=520, margin=dict(l=60, r=20, t=40, b=50), hovermode="x unified")
     return fig
 
@@ -227,7 +232,34 @@ def step_durations(steps: pl.DataFrame) -> go.Figure:
                           annotation_text=f"{label} {value:.3f} ms", annotation_position="top left")
     fig.update_layout(height=320, margin=dict(l=60, r=20, t=30, b=50), xaxis_title="decode step",
                       yaxis_title="ms (first GPU start to last GPU end)")
+    fig.update_xaxes(**integer_axis(steps["step"].to_list()))
     return fig
+
+
+MAX_INTEGER_TICKS = 8
+
+
+def integer_axis(values) -> dict:
+    """Axis settings that tick whole numbers only, for step indexes and counts: left to
+    itself plotly ticks 0.5 steps and 2,001.5 kernels when the values barely vary."""
+    present = [v for v in values if v is not None]
+    if not present:
+        return dict(tickformat=",d")
+    low, high = math.floor(min(present)), math.ceil(max(present))
+    dtick = _nice_step(math.ceil((high - low + 2) / MAX_INTEGER_TICKS))
+    low -= low % dtick  # ticks on multiples of the step: 0, 50, 100, not 3, 53, 103
+    return dict(tickmode="linear", tick0=low, dtick=dtick, tickformat=",d",
+                range=[low - dtick / 2, high + dtick / 2])
+
+
+def _nice_step(at_least: int) -> int:
+    """The smallest of 1, 2, 5, 10, 20, 50, ... not below `at_least`."""
+    magnitude = 1
+    while True:
+        for factor in (1, 2, 5):
+            if factor * magnitude >= at_least:
+                return factor * magnitude
+        magnitude *= 10
 
 
 def _by_rank(steps: pl.DataFrame):
@@ -261,6 +293,7 @@ def step_budget(steps: pl.DataFrame) -> go.Figure:
                       legend=dict(orientation="h", yanchor="bottom", y=1.02, x=0), bargap=0.1)
     fig.update_yaxes(title_text="ms")
     fig.update_xaxes(title_text="decode step", row=len(ranks), col=1)
+    fig.update_xaxes(**integer_axis(steps["step"].to_list()))
     return fig
 
 
@@ -329,14 +362,25 @@ def layer_heatmap(deviations: pl.DataFrame) -> go.Figure:
     limit = max(1, int(deviations["deviation"].abs().max() or 0))
     fig = go.Figure(go.Heatmap(
         x=layers, y=[esc(g) for g in groups], z=grid(lambda r: None if r is None else r["deviation"]),
-        text=grid(lambda r: "" if r is None else str(r["count"])), texttemplate="%{text}", textfont=dict(size=9),
+        text=grid(lambda r: "" if r is None else str(r["count"])), texttemplate="%{text}",
+        textfont=dict(size=HEATMAP_TEXT_PX),
         hovertext=grid(hover), hoverinfo="text", zmin=-limit, zmax=limit, zmid=0, xgap=1, ygap=1,
         colorscale=[[0, "#2166ac"], [0.5, "#ffffff"], [1, "#b2182b"]],
-        colorbar=dict(title=dict(text="deviation"), thickness=12),
+        colorbar=dict(title=dict(text="deviation"), thickness=12, tickfont=dict(size=HEATMAP_TEXT_PX)),
     ))
-    fig.update_layout(height=150 + 38 * len(groups), margin=dict(l=90, r=20, t=20, b=50),
-                      xaxis=dict(title="layer", dtick=2 if len(layers) > 40 else 1), yaxis=dict(autorange="reversed"))
+    # Cells wide enough for their count at a readable size: a wide model scrolls sideways
+    # (the chart's div) rather than shrinking its numbers to 9 px.
+    fig.update_layout(height=150 + HEATMAP_CELL_PX["height"] * len(groups), margin=dict(l=90, r=20, t=20, b=50),
+                      width=max(HEATMAP_MIN_WIDTH, 200 + HEATMAP_CELL_PX["width"] * len(layers)), autosize=False,
+                      xaxis=dict(title="layer", tickmode="linear", tick0=min(layers, default=0), dtick=1,
+                                 tickformat="d", tickfont=dict(size=HEATMAP_TEXT_PX)),
+                      yaxis=dict(autorange="reversed", tickfont=dict(size=HEATMAP_TEXT_PX)))
     return fig
+
+
+HEATMAP_TEXT_PX = 13
+HEATMAP_CELL_PX = {"width": 26, "height": 40}  # a two-digit count at 13 px, with a margin
+HEATMAP_MIN_WIDTH = 900
 
 
 def _range_text(low: float | None, high: float | None) -> str:

@@ -21,7 +21,7 @@ from nsys_ledger.attribution.kernel_names import gemm_shape_text
 from nsys_ledger.checks.coverage import FALLBACK, NO_OP, SPECIFIC
 from nsys_ledger.checks.ledger import short_kernel_name
 from nsys_ledger.report import figures
-from nsys_ledger.report.html_kit import Cell, esc, figure, note, page, table
+from nsys_ledger.report.html_kit import Cell, esc, esc_code, figure, note, page, table
 from nsys_ledger.report.layer_grid import layer_counts_grid, layer_deviations
 from nsys_ledger.report.time_html import mark_offending, time_section
 from nsys_ledger.report.selection import (
@@ -60,7 +60,7 @@ def render_html(result: Result) -> str:
         "</main>",
     ])
     title = f"nsys-ledger {result.verdict.upper()}: {Path(result.trace.path).name}"
-    return page(title, body, with_charts=True)
+    return page(title, body)
 
 
 def verdict_line(result: Result) -> str:
@@ -81,8 +81,8 @@ def _banner(result: Result) -> str:
 def _findings(result: Result) -> str:
     items = []
     for finding in result.findings[:MAX_FINDINGS_LISTED]:
-        hint = f'<div class="hint">hint: {esc(finding.hint)}</div>' if finding.hint else ""
-        items.append(f"<li><b>[{esc(finding.source)}]</b> {esc(finding.message)}{hint}</li>")
+        hint = f'<div class="hint">hint: {esc_code(finding.hint)}</div>' if finding.hint else ""
+        items.append(f"<li><b>[{esc(finding.source)}]</b> {esc_code(finding.message)}{hint}</li>")
     hidden = len(result.findings) - MAX_FINDINGS_LISTED
     if hidden > 0:
         items.append(f"<li>… {hidden} more finding(s) in the ledger table below</li>")
@@ -100,7 +100,7 @@ def _ledger_section(result: Result, layer_counts: pl.DataFrame | None) -> str:
         failing_steps = "; ".join(dict.fromkeys(f.steps for f in outcome.findings)) or "–"
         failing_count = max((f.failing_steps for f in outcome.findings), default=0)
         detail = "".join(
-            f"<div>{esc(f.message)}</div>" + (f'<div class="hint">hint: {esc(f.hint)}</div>' if f.hint else "")
+            f"<div>{esc_code(f.message)}</div>" + (f'<div class="hint">hint: {esc_code(f.hint)}</div>' if f.hint else "")
             for f in outcome.findings
         )
         rows.append([

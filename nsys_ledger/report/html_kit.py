@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 from dataclasses import dataclass
 
 import plotly.graph_objects as go
@@ -34,6 +35,15 @@ def esc(value: object) -> str:
         return "–"
     # visible: an ESC or a bidi override in a kernel name is shown, not passed to the page
     return html.escape(visible(value), quote=True)
+
+
+_CODE_SPAN = re.compile(r"`([^`\n]+)`")
+
+
+def esc_code(value: object) -> str:
+    """`esc`, with the names our messages quote in backticks (`deepgemm_dense`) as <code>."""
+    parts = _CODE_SPAN.split(str(value))  # even indexes: prose, odd: the quoted names
+    return "".join(f"<code>{esc(part)}</code>" if index % 2 else esc(part) for index, part in enumerate(parts))
 
 
 def script_json(value: object) -> str:
@@ -86,6 +96,9 @@ def _cell(cell: object) -> str:
     return f"<td{attributes}>{content}</td>"
 
 
+FIGURE_MARK = "data-figure="  # every chart's embedded figure carries it (`figure`)
+
+
 def figure(figure_id: str, fig: go.Figure, *, height: int | None = None) -> str:
     """A chart placeholder and its figure as embedded JSON; the page script draws it."""
     if height is not None:
@@ -102,8 +115,10 @@ def note(text: str) -> str:
     return f'<p class="note">{esc(text)}</p>'
 
 
-def page(title: str, body: str, *, with_charts: bool) -> str:
-    """The whole document: styles, body, plotly.js once (when there are charts), scripts."""
+def page(title: str, body: str) -> str:
+    """The whole document: styles, body, plotly.js once (only when the body holds a chart:
+    4.8 MB of the page), scripts."""
+    with_charts = FIGURE_MARK in body
     plotly_js = f"<script>{get_plotlyjs()}</script>" if with_charts else ""
     return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
@@ -145,7 +160,7 @@ tr.failing td{background:#fff5f5}
 td.name{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:12px;word-break:break-all}
 caption{caption-side:bottom;text-align:left;color:#57606a;font-size:12px;padding-top:4px}
 .note{color:#57606a;font-style:italic}
-.chart{width:100%;min-height:200px}
+.chart{width:100%;min-height:200px;overflow-x:auto}
 .scroll{max-height:480px;overflow:auto;border:1px solid #d0d7de}
 .scroll table{margin:0}.scroll th{position:sticky;top:0}
 dl.facts{display:grid;grid-template-columns:max-content 1fr;gap:4px 16px;font-size:14px}

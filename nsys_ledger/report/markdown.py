@@ -25,6 +25,28 @@ def md(text: object) -> str:
     return _MARKDOWN_SPECIAL.sub(r"\\\1", html.escape(one_line, quote=False))
 
 
+_CODE_SPAN = re.compile(r"`([^`\n]+)`")
+
+
+def md_code(text: object) -> str:
+    """Like `md`, but the names our messages quote in backticks (`deepgemm_dense`) render as code."""
+    one_line = " ".join(str(text).split())
+    parts = _CODE_SPAN.split(one_line)  # even indexes: prose, odd: the quoted names
+    return "".join(_code(part) if index % 2 else _prose(part) for index, part in enumerate(parts))
+
+
+def _prose(text: str) -> str:
+    """`md` of the text between code spans, keeping the spaces that separate it from them."""
+    lead = " " if text[:1].isspace() else ""
+    trail = " " if text[-1:].isspace() and text.strip() else ""
+    return lead + md(text) + trail
+
+
+def _code(name: str) -> str:
+    # inside a code span Markdown and HTML are literal; only a table's `|` still needs its escape
+    return "`" + printable(name).replace("|", "\\|") + "`"
+
+
 def render_markdown(result: Result) -> str:
     lines = [_heading(result), "", _facts_line(result), ""]
     if result.expectations is not None:
@@ -43,6 +65,9 @@ _VERDICT_ICONS = {"summary": "ℹ️", "pass": "✅", "fail": "❌"}
 
 
 def _heading(result: Result) -> str:
+    if result.verdict == "summary":  # said loudly: a CI summary without a ledger gates nothing
+        return (f"### {_VERDICT_ICONS['summary']} nsys-ledger SUMMARY ONLY: no ledger checked, this job gates "
+                "nothing (--expect FILE checks one)")
     return f"### {_VERDICT_ICONS[result.verdict]} nsys-ledger {result.verdict.upper()}: {result.verdict_sentence}"
 
 
@@ -67,7 +92,7 @@ def _checks_table(result: Result) -> list[str]:
         where = "; ".join(f.steps for f in outcome.findings)
         failing_text = f"{failing}/{total_steps} ({md(where)})" if failing else ""
         rows.append(f"| {STATUS_MARK[outcome.passed]} | {md(outcome.name)} | {md(outcome.expected)} | "
-                    f"{md(outcome.observed)} | {failing_text} |")
+                    f"{md_code(outcome.observed)} | {failing_text} |")
     return rows
 
 
@@ -77,9 +102,9 @@ def _findings(result: Result) -> list[str]:
         return []
     lines = ["**Findings**", ""]
     for finding in findings[:MAX_FINDINGS]:
-        lines.append(f"- **{md(finding.source)}**: {md(finding.message)}")
+        lines.append(f"- **{md(finding.source)}**: {md_code(finding.message)}")
         if finding.hint:
-            lines.append(f"  - hint: {md(finding.hint)}")
+            lines.append(f"  - hint: {md_code(finding.hint)}")
     if len(findings) > MAX_FINDINGS:
         lines.append(f"- … {len(findings) - MAX_FINDINGS} more (all of them in the JSON and HTML reports)")
     return lines + [""]

@@ -1,10 +1,13 @@
 """The terminal verdict: trace facts, what was checked, findings with hints, per-step counts.
 
 Plain text with optional colour (click strips it when stdout is not a terminal), so the same
-output reads well in a CI log.
+output reads well in a CI log. Every line fits the terminal's width (`layout.py`): prose wraps
+under its label, tables of numbers split into column blocks, tables of text wrap in their cells.
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import click
 import polars as pl
@@ -17,6 +20,7 @@ from nsys_ledger.checks.coverage import FALLBACK, NO_OP, SPECIFIC
 from nsys_ledger.checks.ledger import short_kernel_name
 from nsys_ledger.checks.time_use import distinct_labels
 from nsys_ledger.trace.kineto_reader import KINETO_VERSION_SOURCE
+from nsys_ledger.report.layout import fit_lines, fit_table, terminal_width
 from nsys_ledger.report.text import printable  # names and paths from the trace, escaped
 from nsys_ledger.report.time_text import time_lines
 from nsys_ledger.report.timeline_text import timeline_lines
@@ -24,7 +28,10 @@ from nsys_ledger.report.timeline_text import timeline_lines
 MAX_STEP_ROWS = 12
 
 
-def render(result: Result) -> str:
+def render(result: Result, width: int | None = None) -> str:
+    """The terminal report, every line at most `width` columns (default: the terminal's)."""
+    width = width or terminal_width()
+    table = partial(fit_table, width=width)
     lines: list[str] = []
     lines += _facts(result)
     lines.append("")
@@ -33,18 +40,23 @@ def render(result: Result) -> str:
     if result.notices:
         lines.append("")
     if result.expectations is not None:
-        lines += _checks(result)
+        lines += _checks(result, width)
         lines.append("")
-    lines += _step_rows(result)
+    lines += _step_rows(result, table)
     lines.append("")
-    timeline = timeline_lines(result, _table)
+    timeline = timeline_lines(result, table)
     if timeline:
         lines += [*timeline, ""]
     time_use = time_lines(result)
     if time_use:
         lines += [*time_use, ""]
     lines += _verdict(result)
-    return "\n".join(lines)
+    return "\n".join(fit_lines(lines, width))
+
+
+def count_text(value: float) -> str:
+    """A count as an integer when it is one (2,158), else with one decimal (67.4)."""
+    return f"{int(value):,}" if float(value).is_integer() else f"{value:,.1f}"
 
 
 def _facts(result: Result) -> list[str]:
@@ -155,13 +167,14 @@ def _coverage_lines(result: Result, limit: int = 3) -> list[str]:
     if cov is None or cov.total == 0:
         return []
     steps = max(cov.step_count, 1)
-    parts = ", ".join(f"{label} {cov.kernels(c) / steps:,.1f} ({cov.share(c):.1%})" for c, label in COVERAGE_LABELS)
-    lines = [f"ops       {cov.total / steps:,.1f} decode kernels per step: {parts}"]
+    parts = ", ".join(f"{label} {count_text(cov.kernels(c) / steps)} ({cov.share(c):.1%})"
+                      for c, label in COVERAGE_LABELS)
+    lines = [f"ops       {count_text(cov.total / steps)} decode kernels per step: {parts}"]
     for coverage, label in ((FALLBACK, "fallback"), (NO_OP, "no op")):
         for name, op, _, per_step in cov.top(coverage, limit).iter_rows():
             claimed = f"{op}: " if coverage == FALLBACK else ""
             shape = gemm_shape_text(name)
-            lines.append(f"          {label:<8} {per_step:7.1f}/step  {claimed}"
+            lines.append(f"          {label:<8} {count_text(per_step):>7}/step  {claimed}"
                          f"{printable(short_kernel_name(name, COVERAGE_NAME_WIDTH))}" + (f" ({shape})" if shape else ""))
     if cov.share(NO_OP) > UNNAMED_SHARE_HINT:
         lines.append("          hint: the ledger does not describe this build: see how it reads the names with "
@@ -189,18 +202,19 @@ def _file_lines(result: Result) -> list[str]:
     return lines
 
 
-def _checks(result: Result) -> list[str]:
-    rows = [("check", "expected", "observed", "failing steps", "")]
+def _checks(result: Result, width: int) -> list[str]:
+    rows = [("check", "expected", "observed", "failing", "")]
     total_steps = result.step_table.height
     for outcome in result.outcomes:
         failing = max((f.failing_steps for f in outcome.findings), default=0)
         status = click.style("ok", fg="green") if outcome.passed else click.style("FAIL", fg="red", bold=True)
         rows.append((printable(outcome.name), printable(outcome.expected), printable(outcome.observed),
                      f"{failing}/{total_steps}", status))
-    return _table(rows)
+    # the check, expected and observed texts wrap in their cells; the step counts and status stay whole
+    return fit_table(rows, width, wrap=(0, 1, 2))
 
 
-def _step_rows(result: Result) -> list[str]:
+def _step_rows(result: Result, table_lines) -> list[str]:
     table = result.step_table
     if table.height == 0:
         lines = ["no decode steps to list"]
@@ -212,21 +226,24 @@ def _step_rows(result: Result) -> list[str]:
     multi_rank = joined["rank"].n_unique() > 1
     per_token = result.batch is not None and "kernels_per_token" in joined.columns
     # the seed's three columns first: CPU submissions, GPU kernels, GPU gaps (count and time)
-    header = ("rank",) * multi_rank + ("step", "submissions", "kernels") + (f"k/token@{result.batch}",) * per_token
+    header = ("rank",) * multi_rank + ("step", "submissions", "kernels") + ("kernels/token",) * per_token
     header += ("gaps", "gap (us)", "graphs", "H2D", "time (us)") + tuple(anchor_ops)
     rows = [header]
     shown = joined.head(MAX_STEP_ROWS)
     for row in shown.iter_rows(named=True):
-        cells = (str(row["rank"]),) * multi_rank + (str(row["step"]), str(row["cpu_submissions"]), str(row["kernels"]))
+        cells = (str(row["rank"]),) * multi_rank + (
+            str(row["step"]), f"{row['cpu_submissions']:,}", f"{row['kernels']:,}")
         if per_token:
-            cells += (f"{row['kernels_per_token']:.1f}",)
+            cells += (f"{row['kernels_per_token']:,.1f}",)
         cells += (
-            str(row["gaps"]), f"{(row['gap_ns'] or 0) / 1000:.1f}", str(row["graph_launches"]), str(row["h2d"]),
-            f"{(row['duration_ns'] or 0) / 1000:.1f}",
+            f"{row['gaps']:,}", f"{(row['gap_ns'] or 0) / 1000:,.1f}", f"{row['graph_launches']:,}", f"{row['h2d']:,}",
+            f"{(row['duration_ns'] or 0) / 1000:,.1f}",
         )
-        cells += tuple(str(row[op]) for op in anchor_ops)
+        cells += tuple("-" if row[op] is None else f"{row[op]:,}" for op in anchor_ops)
         rows.append(cells)
-    lines = ["per step:"] + _table(rows)
+    title = f"per step (kernels/token: kernels per step / {result.batch} tokens of the batch):" if per_token \
+        else "per step:"
+    lines = [title] + table_lines(rows, keys=1 + multi_rank)
     if joined.height > MAX_STEP_ROWS:
         lines.append(f"... {joined.height - MAX_STEP_ROWS} more steps (all of them in --json)")
     if result.expectations is None:
@@ -247,7 +264,7 @@ def _top_kernels(result: Result, limit: int = 10) -> list[str]:
     steps = max(result.step_table.height, 1)
     top = kernels.group_by("name").agg(pl.len().alias("count")).sort("count", "name", descending=[True, False]).head(limit)
     labels = distinct_labels(top["name"].to_list(), 80)  # one row per name: labels that do not collide
-    return [f"  {count / steps:8.1f}  {printable(label)}" for label, count in zip(labels, top["count"])]
+    return [f"  {count_text(count / steps):>8}  {printable(label)}" for label, count in zip(labels, top["count"])]
 
 
 def _verdict(result: Result) -> list[str]:
@@ -262,12 +279,3 @@ def _verdict(result: Result) -> list[str]:
             lines.append(f"    hint: {printable(finding.hint)}")
     return lines
 
-
-def _table(rows: list[tuple[str, ...]]) -> list[str]:
-    widths = [max(len(click.unstyle(row[i])) for row in rows) for i in range(len(rows[0]))]
-    out = []
-    for index, row in enumerate(rows):
-        cells = [cell + " " * (widths[i] - len(click.unstyle(cell))) for i, cell in enumerate(row)]
-        line = "  " + "  ".join(cells).rstrip()
-        out.append(click.style(line, bold=True) if index == 0 else line)
-    return out

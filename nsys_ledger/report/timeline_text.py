@@ -39,14 +39,14 @@ def _budget(table: pl.DataFrame, table_lines, threshold_ns: int) -> list[str]:
     rows = [header]
     for row in table.head(MAX_ROWS).iter_rows(named=True):
         rows.append((str(row["rank"]),) * multi_rank + (
-            str(row["step"]), _us(row["step_ns"]), _us(row["busy_ns"]), str(row["small_gaps"]),
+            str(row["step"]), _us(row["step_ns"]), _us(row["busy_ns"]), f"{row['small_gaps']:,}",
             _us(row["small_gap_ns"]), _us(row["collective_ns"]), _us(row["host_ns"]), _us(row["other_gap_ns"]),
             _us(row["overhead_ns"]), f"{row['bound']}-bound" if row["bound"] else "-",
         ))
     lines = [
         f"step time budget (us): T_step = busy Σt + N·g (gaps up to {threshold_ns / 1000:g} us) + C_comm "
         "(collectives) + T_host (host-side and launch gaps) + other gaps",
-        *table_lines(rows),
+        *table_lines(rows, keys=1 + multi_rank),
     ]
     if table.height > MAX_ROWS:
         lines.append(f"... {table.height - MAX_ROWS} more steps (all of them in --json)")
@@ -106,7 +106,7 @@ def _ranks(result: Result, table_lines) -> list[str]:
     rows = [("rank", "steps", "step (us)", "busy Σt (us)", "collectives (us)", "collective wait (us)")]
     for row in ranks.per_rank.iter_rows(named=True):
         marker = click.style(" slowest", fg="red", bold=True) if row["rank"] == ranks.slowest_rank else ""
-        rows.append((str(row["rank"]) + marker, str(row["steps"]), _us(row["step_ns"]), _us(row["busy_ns"]),
+        rows.append((str(row["rank"]) + marker, f"{row['steps']:,}", _us(row["step_ns"]), _us(row["busy_ns"]),
                      _us(row["collective_ns"]), _us(row["collective_wait_ns"])))
     return [f"ranks   {ranks.describe()}", *table_lines(rows)]
 
