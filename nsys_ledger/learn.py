@@ -36,6 +36,7 @@ from nsys_ledger.api import DEFAULT_GAP_THRESHOLD_NS, DEFAULT_STEP_RULE, Result
 from nsys_ledger.attribution.kernel_names import function_name, gemm_signature
 from nsys_ledger.attribution.layers import DEFAULT_LAYER_REGEX
 from nsys_ledger.attribution.ops import UNMATCHED_OP
+from nsys_ledger.checks.gaps import is_step_entry_candidate
 from nsys_ledger.errors import ExpectationsError
 from nsys_ledger.ledger.document import read_expectations, write_expectations
 from nsys_ledger.ledger.reading import LedgerReader
@@ -498,8 +499,8 @@ def _learned_gaps(provisional: Expectations, result: Result, options: LearnOptio
     base = provisional.gap_threshold_ns
     threshold, allowed = base, 0
     comments = {}
-    launch = gaps.filter(pl.col("cause") == "launch")
-    inside = gaps.filter(pl.col("cause") != "launch")
+    launch = gaps.filter(is_step_entry_candidate())
+    inside = gaps.filter(~is_step_entry_candidate())
     if inside.height:
         durations = inside["duration"].sort()
         typical = int(durations[:-1].quantile(GAP_QUANTILE, "lower")) if len(durations) > 1 else None

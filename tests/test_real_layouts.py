@@ -50,7 +50,7 @@ def test_healthy_graph_sample_passes_with_its_step_entry_gap_caused_by_the_launc
     assert (table["host_ns"] == table["step_entry_gap_ns"]).all()
     text = click.unstyle(render(result, width=1000))  # unwrapped: the sentences whole
     lo, hi = min(truth) / 1000, max(truth) / 1000
-    assert f"0 (+1 launch gap at entry, {lo:.1f}-{hi:.1f} us)" in text
+    assert f"0 (+1 step-entry gap, {lo:.1f}-{hi:.1f} us)" in text
     doc = result_document(result)
     assert [g["cause"] for g in doc["timeline"]["gaps"]] == ["launch"] * 4
     assert [g["step_entry"] for g in doc["timeline"]["gaps"]] == [True] * 4

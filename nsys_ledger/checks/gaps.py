@@ -95,6 +95,9 @@ GAP_SCHEMA = {
     "nvtx_range": pl.Utf8,  # the launching thread's innermost NVTX range at the middle of its NVTX time while late
     # the host call that launched the activity that ended the gap: its API kind, start, end
     "call_kind": pl.Utf8, "call_start": pl.Int64, "call_end": pl.Int64,
+    # the activity that ended the gap is the first of its call that ran: the work before the gap
+    # came from another call (a replay's first kernel, not a wait inside the replay)
+    "opens_call": pl.Boolean,
 }
 
 
@@ -406,17 +409,29 @@ def find_gaps(
         pl.lit(False).alias("step_entry"), "side", *SPLIT_FIELDS, "nvtx_range",
         pl.col("after_api_kind").alias("call_kind"), pl.col("after_api_start").alias("call_start"),
         pl.col("after_api_end").alias("call_end"),
+        pl.col("before_correlation").ne_missing(pl.col("after_correlation")).alias("opens_call"),
     ).cast(GAP_SCHEMA).sort("rank", "step", "device", "start")
 
 
+def is_step_entry_candidate() -> pl.Expr:
+    """A gap that ends a graph replay's wait for its host: it ends at the replay's first
+    activity (`opens_call`), its launching call is a graph launch, and the host was behind it
+    (it began the call after the GPU went idle, side `host`, or the call was still in flight,
+    `launch`). Either way the GPU waited for the replay to be issued, the entry cost of every
+    graph step. A wait inside a replay is never one, even while a slow `hipGraphLaunch` is still
+    issuing the replay's later kernels."""
+    return (pl.col("call_kind") == "graph_launch") & pl.col("side").is_in(["host", "launch"]) & pl.col("opens_call")
+
+
 def mark_step_entry_gaps(gaps: pl.DataFrame, launches: pl.DataFrame, rule: StepEntryGaps | None) -> pl.DataFrame:
-    """Set `step_entry` on the `launch` gaps a ledger allows: per step, at most
-    `rule.per_launch` per graph launch of the step (`launches`: `rank, step, graph_launches`),
-    each at most `rule.max_ns` long, the shortest first. Without a rule none is allowed."""
+    """Set `step_entry` on the step-entry gaps (`is_step_entry_candidate`) a ledger allows: per
+    step, at most `rule.per_launch` per graph launch of the step (`launches`: `rank, step,
+    graph_launches`), each at most `rule.max_ns` long, the shortest first. Without a rule none
+    is allowed."""
     if rule is None or gaps.height == 0:
         return gaps
     allowed_per_step = launches.select("rank", "step", (pl.col("graph_launches") * rule.per_launch).alias("_allowed"))
-    fits = (pl.col("cause") == "launch") & (pl.lit(True) if rule.max_ns is None else pl.col("duration") <= rule.max_ns)
+    fits = is_step_entry_candidate() & (pl.lit(True) if rule.max_ns is None else pl.col("duration") <= rule.max_ns)
     ordinal = pl.col("duration").rank("ordinal").over("rank", "step", fits)
     return (
         gaps.join(allowed_per_step, on=["rank", "step"], how="left", maintain_order="left")

@@ -287,7 +287,7 @@ def _gap_outcome(table: pl.DataFrame, timeline: Timeline, allowed: int = 0) -> C
         observed = _span(table["gaps"]) if table.height else "-"
         entry = timeline.gaps.filter(pl.col("step_entry"))
         if entry.height:  # the allowed launch waits are part of the picture: say what they were
-            observed += (f" (+{_span(table['step_entry_gaps'])} launch gap at entry, "
+            observed += (f" (+{_span(table['step_entry_gaps'])} step-entry gap, "
                          f"{entry['duration'].min() / 1000:.1f}-{entry['duration'].max() / 1000:.1f} us)")
         return CheckOutcome(name, "gaps.threshold_us", expected, observed, ())
     worst = gaps.sort(["duration", "rank", "step", "start"], descending=[True, False, False, False]).row(0, named=True)

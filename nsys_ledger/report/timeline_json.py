@@ -13,7 +13,7 @@ from nsys_ledger.checks.h2d import H2D_POSITIONS
 
 GAP_FIELDS = ["rank", "step", "pid", "device", "start", "end", "duration", "cause", "before", "before_op",
               "before_layer", "after", "after_op", "after_layer", "step_entry", "side", *SPLIT_FIELDS, "nvtx_range",
-              "call_kind", "call_start", "call_end"]
+              "call_kind", "call_start", "call_end", "opens_call"]
 H2D_FIELDS = ["rank", "step", "device", "stream", "start", "end", "bytes", "memory", "position"]
 BREAK_FIELDS = ["rank", "step", "replay", "kernel_index", "before", "before_op", "before_layer", "after",
                 "after_op", "after_layer", "boundary_ns"]

@@ -69,7 +69,7 @@ def _gap_summary(gaps: pl.DataFrame, threshold_ns: int, label: str) -> list[str]
     if gaps.height == 0:
         return [f"{label}no idle gap above {threshold_ns / 1000:g} us in any decode step"]
     entry = int(gaps["step_entry"].sum()) if "step_entry" in gaps.columns else 0
-    allowed = f" ({entry} of them the allowed launch gap at a step's entry)" if entry else ""
+    allowed = f" ({entry} of them the allowed step-entry gap)" if entry else ""
     return [f"{label}{gaps.height:,} above {threshold_ns / 1000:g} us, by cause: {describe_causes(gaps)}{allowed}"]
 
 
