@@ -20,6 +20,7 @@ from nsys_ledger.checks.ledger import CheckOutcome, Finding, check_ledger
 from nsys_ledger.checks.ranks import RankComparison
 from nsys_ledger.checks.coverage import OpCoverage, op_coverage
 from nsys_ledger.checks.stats import op_counts, step_table
+from nsys_ledger.checks.step_kinds import check_step_kinds, kind_counts
 from nsys_ledger.checks.timeline import (
     Timeline,
     add_timeline_columns,
@@ -104,6 +105,8 @@ class Result:
     files: tuple[InputFile, ...] = ()  # several exports checked together (multifile.check_many); else empty
     layers: LayerSummary | None = None  # layer of every decode kernel, how it was found, per-layer counts
     coverage: OpCoverage | None = None  # decode kernels by specific op, generic fallback, no op (with a ledger)
+    # per step kind found: `kind, found, checked, declared` (checks.step_kinds.kind_counts)
+    step_kinds: pl.DataFrame | None = None
 
     @property
     def findings(self) -> list[Finding]:
@@ -191,10 +194,12 @@ def check(
     if expectations is not None:
         outcomes = _ledger_outcomes(expectations, table, ops, timeline, ranks, steps, graph_level, totals)
         outcomes += _layer_outcomes(expectations, layers, table, graph_level)
+        outcomes += _kind_outcomes(expectations, steps, graph_level)
     return Result(
         trace=trace, expectations=expectations, totals=totals, steps=steps, step_table=table, op_table=ops,
         gaps=timeline.gaps, gap_threshold_ns=threshold_ns, outcomes=tuple(outcomes), notices=tuple(notices),
         timeline=timeline, ranks=ranks, batch=batch, layers=layers, coverage=coverage,
+        step_kinds=kind_counts(steps, expectations),
     )
 
 
@@ -221,7 +226,9 @@ def rejudge(result: Result, *, graph_level: bool) -> Result:
         outcomes = _ledger_outcomes(result.expectations, result.step_table, result.op_table, result.timeline,
                                     ranks, result.steps, graph_level, result.totals)
         outcomes += _layer_outcomes(result.expectations, result.layers, result.step_table, graph_level)
-    return replace(result, ranks=ranks, outcomes=tuple(outcomes))
+        outcomes += _kind_outcomes(result.expectations, result.steps, graph_level)
+    return replace(result, ranks=ranks, outcomes=tuple(outcomes),
+                   step_kinds=kind_counts(result.steps, result.expectations))
 
 
 def _layer_outcomes(
@@ -231,6 +238,12 @@ def _layer_outcomes(
     if layers is None or graph_level or table.height == 0:
         return []
     return check_layers(expectations, layers, table.height)
+
+
+def _kind_outcomes(expectations: Expectations, steps: Steps, graph_level: bool) -> list[CheckOutcome]:
+    """The prefill and mixed steps against the ledger's [kinds.*] sections (kernel counts: not
+    when graph replays hide their kernels)."""
+    return [] if graph_level else check_step_kinds(expectations, steps)
 
 
 def _gap_threshold_ns(expectations: Expectations | None, gap_us: float | None) -> int:
@@ -259,6 +272,8 @@ def _ledger_outcomes(
         )
         return [CheckOutcome("capture mode allows per-kernel counts", "steps", "node-level graph trace",
                              "graph-level", (finding,))]
+    if table.height == 0 and _checked_other_kinds(expectations, steps):
+        return []  # the trace's steps are prefill or mixed steps that the ledger declares
     if table.height == 0:
         finding = Finding(
             check="steps", subject="steps", source="steps", steps="none", failing_steps=0,
@@ -270,6 +285,11 @@ def _ledger_outcomes(
     return check_ledger(expectations, table, ops) + timeline_outcomes(
         expectations, table, timeline, ranks, step_method=steps.method
     )
+
+
+def _checked_other_kinds(expectations: Expectations, steps: Steps) -> bool:
+    """Whether the trace has steps of a kind other than decode that the ledger declares."""
+    return any(steps.of_kind(kind).height for kind in expectations.kinds)
 
 
 def _graph_level_replays(trace: Trace) -> bool:
