@@ -43,16 +43,15 @@ def kind_step_table(steps: Steps, section: KindSection) -> pl.DataFrame:
     """One row per complete step of `section`'s kind: `rank, step` (index among the steps of
     that kind in the rank), `kernels`, and one column per anchored op (kernels of that op)."""
     windows = steps.of_kind(section.kind).select("key", "window", "rank", pl.col("kind_step").alias("step"))
+    has_op = "op" in steps.activities.columns
     kernels = (
         steps.activities.lazy()
         .filter(pl.col("window").is_not_null() & (pl.col("activity") == "kernel"))
+        .select("key", "window", *(["op"] if has_op else []))  # not the decode step's rank, step
         .join(windows.lazy(), on=["key", "window"], how="inner")
     )
-    op_columns = [
-        (pl.col("op") == anchor.op).sum().cast(pl.Int64).alias(anchor.op)
-        for anchor in section.anchors
-        if "op" in steps.activities.columns
-    ]
+    op_columns = [(pl.col("op") == anchor.op).sum().cast(pl.Int64).alias(anchor.op)
+                  for anchor in section.anchors if has_op]
     counted = kernels.group_by("rank", "step").agg(pl.len().cast(pl.Int64).alias("kernels"), *op_columns).collect()
     table = windows.select("rank", "step").join(counted, on=["rank", "step"], how="left")
     zeros = [pl.col(c).fill_null(0) for c in table.columns if c not in ("rank", "step")]
