@@ -20,7 +20,7 @@ from nsys_ledger.checks.ledger import CheckOutcome, Finding, check_ledger
 from nsys_ledger.checks.ranks import RankComparison
 from nsys_ledger.checks.coverage import OpCoverage, op_coverage
 from nsys_ledger.checks.stats import op_counts, step_table
-from nsys_ledger.checks.step_kinds import check_step_kinds, kind_counts
+from nsys_ledger.checks.step_kinds import check_step_kinds, kind_counts, kind_step_table
 from nsys_ledger.checks.timeline import (
     Timeline,
     add_timeline_columns,
@@ -107,6 +107,8 @@ class Result:
     coverage: OpCoverage | None = None  # decode kernels by specific op, generic fallback, no op (with a ledger)
     # per step kind found: `kind, found, checked, declared` (checks.step_kinds.kind_counts)
     step_kinds: pl.DataFrame | None = None
+    # one row per complete prefill or mixed step: `rank, kind, step, kernels` + kernels per ledger op
+    kind_table: pl.DataFrame | None = None
 
     @property
     def findings(self) -> list[Finding]:
@@ -185,6 +187,7 @@ def check(
     timeline = attach_layers(timeline, layers.assignments)  # gap and graph-break positions by layer
     totals = trace_totals(trace)
     coverage = op_coverage(steps.activities, steps.decode, expectations) if expectations else None
+    kind_table = kind_step_table(steps, list(expectations.ops) if expectations else [])
 
     notices: list[str] = list(trace.meta.warnings)
     outcomes: list[CheckOutcome] = []
@@ -194,12 +197,12 @@ def check(
     if expectations is not None:
         outcomes = _ledger_outcomes(expectations, table, ops, timeline, ranks, steps, graph_level, totals)
         outcomes += _layer_outcomes(expectations, layers, table, graph_level)
-        outcomes += _kind_outcomes(expectations, steps, graph_level)
+        outcomes += _kind_outcomes(expectations, kind_table, graph_level)
     return Result(
         trace=trace, expectations=expectations, totals=totals, steps=steps, step_table=table, op_table=ops,
         gaps=timeline.gaps, gap_threshold_ns=threshold_ns, outcomes=tuple(outcomes), notices=tuple(notices),
         timeline=timeline, ranks=ranks, batch=batch, layers=layers, coverage=coverage,
-        step_kinds=kind_counts(steps, expectations),
+        step_kinds=kind_counts(steps, expectations), kind_table=kind_table,
     )
 
 
@@ -226,7 +229,7 @@ def rejudge(result: Result, *, graph_level: bool) -> Result:
         outcomes = _ledger_outcomes(result.expectations, result.step_table, result.op_table, result.timeline,
                                     ranks, result.steps, graph_level, result.totals)
         outcomes += _layer_outcomes(result.expectations, result.layers, result.step_table, graph_level)
-        outcomes += _kind_outcomes(result.expectations, result.steps, graph_level)
+        outcomes += _kind_outcomes(result.expectations, result.kind_table, graph_level)
     return replace(result, ranks=ranks, outcomes=tuple(outcomes),
                    step_kinds=kind_counts(result.steps, result.expectations))
 
@@ -240,10 +243,11 @@ def _layer_outcomes(
     return check_layers(expectations, layers, table.height)
 
 
-def _kind_outcomes(expectations: Expectations, steps: Steps, graph_level: bool) -> list[CheckOutcome]:
+def _kind_outcomes(expectations: Expectations, kind_table: pl.DataFrame | None, graph_level: bool
+                   ) -> list[CheckOutcome]:
     """The prefill and mixed steps against the ledger's [kinds.*] sections (kernel counts: not
     when graph replays hide their kernels)."""
-    return [] if graph_level else check_step_kinds(expectations, steps)
+    return [] if graph_level else check_step_kinds(expectations, kind_table)
 
 
 def _gap_threshold_ns(expectations: Expectations | None, gap_us: float | None) -> int:

@@ -217,3 +217,22 @@ def test_without_annotation_the_kernels_tell_a_prefill_step(tmp_path):
 def _events_of(path: Path) -> list[dict]:
     with gzip.open(path, "rt", encoding="utf-8") as f:
         return json.load(f)["traceEvents"]
+
+
+@needs_traces
+def test_learn_learns_each_kind_it_sees(tmp_path):
+    """Two real traces learnt together (two ranks): the vLLM FULL-graph decode step and the B200
+    prefill step; the learned ledger has a [kinds.prefill] section that passes its trace."""
+    from nsys_ledger.learn import LearnOptions, learn, learned_ledger_text
+
+    ledger = learn([KINETO_DIR / VLLM_DECODE, KINETO_DIR / B200], LearnOptions())
+    assert sorted(ledger.kinds) == ["prefill"]
+    assert ledger.kinds["prefill"].total.low == 768 and ledger.kinds["prefill"].total.high == 768
+    assert ledger.total.low == 425 and ledger.total.high == 425
+    text = learned_ledger_text(ledger)
+    assert "[kinds.prefill.total]\nmin = 768  # kernels per step: observed 768 in each of 1 prefill steps" in text
+    path = tmp_path / "learned.toml"
+    path.write_text(text, encoding="utf-8")
+    result = check(KINETO_DIR / B200, load_expectations(path))
+    assert result.step_kinds.rows() == [("prefill", 1, 1, True)]
+    assert not [f for f in result.findings if f.source.startswith("kinds.")]

@@ -13,7 +13,7 @@ import polars as pl
 from nsys_ledger.attribution.step_kinds import DEFAULT_KIND, STEP_KINDS
 from nsys_ledger.attribution.steps import Steps
 from nsys_ledger.checks.ledger import CheckOutcome, _outcome, range_check
-from nsys_ledger.ledger.model import Expectations, KindSection
+from nsys_ledger.ledger.model import Expectations
 
 KIND_COUNT_SCHEMA = {"kind": pl.Utf8, "found": pl.Int64, "checked": pl.Int64, "declared": pl.Boolean}
 
@@ -27,7 +27,7 @@ def kind_counts(steps: Steps, expectations: Expectations | None) -> pl.DataFrame
     declared = set(expectations.kinds) if expectations is not None else set()
     rows = []
     for kind in STEP_KINDS:
-        found = steps.of_kind(kind).height if "kind" in steps.windows.columns else 0
+        found = steps.of_kind(kind).height
         if kind == DEFAULT_KIND:
             checked = steps.decode.height if expectations is not None else 0
             is_declared = expectations is not None
@@ -39,10 +39,12 @@ def kind_counts(steps: Steps, expectations: Expectations | None) -> pl.DataFrame
     return pl.DataFrame(rows, schema=KIND_COUNT_SCHEMA, orient="row")
 
 
-def kind_step_table(steps: Steps, section: KindSection) -> pl.DataFrame:
-    """One row per complete step of `section`'s kind: `rank, step` (index among the steps of
-    that kind in the rank), `kernels`, and one column per anchored op (kernels of that op)."""
-    windows = steps.of_kind(section.kind).select("key", "window", "rank", pl.col("kind_step").alias("step"))
+def kind_step_table(steps: Steps, ops: list[str]) -> pl.DataFrame:
+    """One row per complete step of a kind other than decode: `rank, kind, step` (index among
+    the steps of that kind in the rank), `kernels`, and per op in `ops` its kernels. Computed
+    where the activities are at hand, kept in the Result (a multi-file check stacks it)."""
+    windows = steps.windows.filter(pl.col("complete") & (pl.col("kind") != DEFAULT_KIND)).select(
+        "key", "window", "rank", "kind", pl.col("kind_step").alias("step"))
     has_op = "op" in steps.activities.columns
     kernels = (
         steps.activities.lazy()
@@ -50,21 +52,29 @@ def kind_step_table(steps: Steps, section: KindSection) -> pl.DataFrame:
         .select("key", "window", *(["op"] if has_op else []))  # not the decode step's rank, step
         .join(windows.lazy(), on=["key", "window"], how="inner")
     )
-    op_columns = [(pl.col("op") == anchor.op).sum().cast(pl.Int64).alias(anchor.op)
-                  for anchor in section.anchors if has_op]
-    counted = kernels.group_by("rank", "step").agg(pl.len().cast(pl.Int64).alias("kernels"), *op_columns).collect()
-    table = windows.select("rank", "step").join(counted, on=["rank", "step"], how="left")
-    zeros = [pl.col(c).fill_null(0) for c in table.columns if c not in ("rank", "step")]
-    table = table.with_columns(zeros)
-    missing = [pl.lit(0, pl.Int64).alias(a.op) for a in section.anchors if a.op not in table.columns]
-    return table.with_columns(missing).sort("rank", "step")
+    op_columns = [(pl.col("op") == op).sum().cast(pl.Int64).alias(op) for op in ops if has_op]
+    counted = kernels.group_by("rank", "kind", "step").agg(pl.len().cast(pl.Int64).alias("kernels"), *op_columns)
+    table = windows.select("rank", "kind", "step").join(counted.collect(), on=["rank", "kind", "step"], how="left")
+    table = table.with_columns(pl.exclude("rank", "kind", "step").fill_null(0))
+    missing = [pl.lit(0, pl.Int64).alias(op) for op in ops if op not in table.columns]
+    return table.with_columns(missing).sort("rank", "kind", "step")
 
 
-def check_step_kinds(expectations: Expectations, steps: Steps) -> list[CheckOutcome]:
+def steps_of_kind(kind_table: pl.DataFrame | None, kind: str, ops: list[str]) -> pl.DataFrame:
+    """The rows of `kind_table` of one kind, with a zero column for every op in `ops` it lacks
+    (a stacked table has the ops some rank saw)."""
+    if kind_table is None or kind_table.height == 0:
+        return pl.DataFrame(schema={"rank": pl.Int64, "step": pl.Int64, "kernels": pl.Int64, **{op: pl.Int64 for op in ops}})
+    table = kind_table.filter(pl.col("kind") == kind)
+    missing = [pl.lit(0, pl.Int64).alias(op) for op in ops if op not in table.columns]
+    return table.with_columns(missing).with_columns(pl.col(op).fill_null(0) for op in ops)
+
+
+def check_step_kinds(expectations: Expectations, kind_table: pl.DataFrame | None) -> list[CheckOutcome]:
     """The checks of every declared kind that has steps: its total and each of its anchors."""
     outcomes: list[CheckOutcome] = []
     for kind, section in expectations.kinds.items():
-        table = kind_step_table(steps, section)
+        table = steps_of_kind(kind_table, kind, [a.op for a in section.anchors])
         if table.height == 0:
             continue
         for anchor in section.anchors:
