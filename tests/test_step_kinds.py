@@ -236,3 +236,18 @@ def test_learn_learns_each_kind_it_sees(tmp_path):
     result = check(KINETO_DIR / B200, load_expectations(path))
     assert result.step_kinds.rows() == [("prefill", 1, 1, True)]
     assert not [f for f in result.findings if f.source.startswith("kinds.")]
+
+
+@needs_traces
+def test_reports_say_how_many_steps_of_each_kind(tmp_path):
+    from nsys_ledger.report.json_report import result_document
+    from nsys_ledger.report.terminal import render
+
+    result = check(KINETO_DIR / B200)
+    assert result_document(result)["step_detection"]["kinds"] == [
+        {"kind": "prefill", "found": 1, "checked": 0, "declared": False}]
+    kinds_line = next(line for line in render(result).splitlines() if line.startswith("kinds"))
+    assert kinds_line == "kinds     steps found/checked: prefill 1/0 without a ledger"
+    ledger = _ledger(tmp_path, "[kinds.prefill.total]\nexpected = 768\n")
+    declared = render(check(KINETO_DIR / B200, load_expectations(ledger)))
+    assert "kinds     steps found/checked: prefill 1/1" in declared.splitlines()
