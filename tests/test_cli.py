@@ -49,7 +49,7 @@ def test_json_output_follows_the_documented_schema(tmp_path):
     result = invoke("check", str(SAMPLES / "glm5-graph-broken-fusion.sqlite"), "--expect", GLM, "--json", str(out))
     assert result.exit_code == 1
     doc = json.loads(out.read_text())
-    assert doc["schema_version"] == "1.2"
+    assert doc["schema_version"] == "1.3"
     assert set(doc) >= {"schema_version", "trace", "totals", "steps", "findings", "verdict", "checks"}
     assert doc["trace"]["path"].endswith("glm5-graph-broken-fusion.sqlite")
     assert doc["trace"]["nsys_version"].startswith("2026.2")

@@ -20,7 +20,7 @@ from nsys_ledger.checks.layers import compact_layer_counts
 from nsys_ledger.checks.ledger import compact_ranges
 from nsys_ledger.report.timeline_json import step_timeline_fields, timeline_document
 
-SCHEMA_VERSION = "1.2"
+SCHEMA_VERSION = "1.3"
 
 STEP_FIELDS = [
     "pid", "device", "host_start", "host_end", "gpu_start", "gpu_end", "duration_ns", "kernels", "kernel_ns",
