@@ -251,3 +251,33 @@ def test_reports_say_how_many_steps_of_each_kind(tmp_path):
     ledger = _ledger(tmp_path, "[kinds.prefill.total]\nexpected = 768\n")
     declared = render(check(KINETO_DIR / B200, load_expectations(ledger)))
     assert "kinds     steps found/checked: prefill 1/1" in declared.splitlines()
+
+
+# ---- NVTX step annotations in an nsys export ----------------------------------------------------
+
+SAMPLES = REPO / "sample_traces"
+
+
+def test_nvtx_step_annotations_give_kinds(tmp_path):
+    """SGLang's NVTX step ranges in an nsys export: the bundled eager sample's `decode bs=32` and
+    `prefill bs=32` ranges renamed as SGLang names its steps (one decode step as a mixed one)."""
+    import shutil
+    import sqlite3
+
+    path = tmp_path / "sglang-steps.sqlite"
+    shutil.copyfile(SAMPLES / "glm5-eager-healthy.sqlite", path)
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE NVTX_EVENTS SET text = 'step[EXTEND bs=32]' WHERE text = 'prefill bs=32'")
+        db.execute("UPDATE NVTX_EVENTS SET text = 'step[DECODE bs=32]' WHERE text = 'decode bs=32'")
+        last = db.execute("SELECT max(start) FROM NVTX_EVENTS WHERE text = 'step[DECODE bs=32]'").fetchone()[0]
+        db.execute("UPDATE NVTX_EVENTS SET text = 'step[MIXED bs=32]' WHERE start = ? AND text = 'step[DECODE bs=32]'",
+                   (last,))
+        counted = dict(db.execute("SELECT text, count(*) FROM NVTX_EVENTS WHERE text LIKE 'step[%' GROUP BY text"))
+    assert counted == {"step[DECODE bs=32]": 3, "step[EXTEND bs=32]": 1, "step[MIXED bs=32]": 1}
+
+    result = check(path, step_nvtx=r"^step\[")
+    assert result.steps.method == "nvtx"
+    assert result.step_kinds.rows() == [("decode", 3, 0, False), ("prefill", 1, 0, False), ("mixed", 1, 0, False)]
+    assert result.step_table.height == 3
+    assert sorted(result.steps.excluded["reason"].to_list()) == [
+        "a mixed step, by annotation 'step[MIXED bs=32]'", "a prefill step, by annotation 'step[EXTEND bs=32]'"]
