@@ -15,6 +15,7 @@ import json
 import os
 from pathlib import Path
 
+import polars as pl
 import pytest
 
 from nsys_ledger.api import check
@@ -281,3 +282,59 @@ def test_nvtx_step_annotations_give_kinds(tmp_path):
     assert result.step_table.height == 3
     assert sorted(result.steps.excluded["reason"].to_list()) == [
         "a mixed step, by annotation 'step[MIXED bs=32]'", "a prefill step, by annotation 'step[EXTEND bs=32]'"]
+
+
+def _graph_sample_with_vllm_ranges(tmp_path: Path) -> Path:
+    """The bundled graph-mode sample with vLLM's step ranges added on the launching thread: one
+    around each cudaGraphLaunch (the last one a mixed step) and one around the eager prefill."""
+    import shutil
+    import sqlite3
+
+    path = tmp_path / "vllm-steps.sqlite"
+    shutil.copyfile(SAMPLES / "glm5-graph-healthy.sqlite", path)
+    with sqlite3.connect(path) as db:
+        launches = db.execute(
+            "SELECT r.start, r.end, r.globalTid FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s ON s.id = r.nameId "
+            "WHERE s.value LIKE 'cudaGraphLaunch%' ORDER BY r.start").fetchall()
+        prefill = db.execute("SELECT start, end, globalTid FROM NVTX_EVENTS WHERE text LIKE "
+                             "'{''Module'': ''model'', %[[16384], [16384]]}'").fetchone()
+        names = ["execute_context_0(0)_generation_32(32)"] * (len(launches) - 1) + \
+            ["execute_context_2(4096)_generation_30(30)"]
+        rows = [(start - 500, end + 10, tid, name) for (start, end, tid), name in zip(launches, names)]
+        rows.append((prefill[0] - 100, prefill[1] + 100, prefill[2], "execute_context_1(16384)_generation_0(0)"))
+        db.executemany("INSERT INTO NVTX_EVENTS (start, end, eventType, globalTid, text) VALUES (?, ?, 59, ?, ?)", rows)
+    return path
+
+
+def test_nvtx_ranges_inside_graph_steps_give_kinds(tmp_path):
+    """Steps cut at the graph launches and sampling kernels (no step range given) take their
+    kind from the vLLM step range that starts inside them."""
+    result = check(_graph_sample_with_vllm_ranges(tmp_path))
+    assert result.steps.method == "graph"
+    windows = result.steps.windows.filter(pl.col("kind_source").str.starts_with("annotation"))
+    assert windows.select("kind", "graph_launches").rows() == [("prefill", 0), ("decode", 1), ("decode", 1),
+                                                               ("decode", 1), ("mixed", 1)]
+    assert result.step_table.height == 3
+    assert dict((k, f) for k, f, _, _ in result.step_kinds.iter_rows()) == {"decode": 3, "prefill": 1, "mixed": 1}
+
+
+def test_mixed_graph_step_checked_against_the_glm_ledgers_mixed_section(tmp_path):
+    """The GLM-5.3 ledger with a [kinds.mixed] section: the sample's mixed step (a healthy
+    decode step's kernels: 2002, 156 fused_add_rmsnorm) passes it, and a wrong count names it."""
+    glm = (REPO / "expectations" / "glm-5.3-tp8-ep8.toml").read_text(encoding="utf-8")
+    trace = _graph_sample_with_vllm_ranges(tmp_path)
+
+    def checked(total: int):
+        path = tmp_path / f"glm-mixed-{total}.toml"
+        path.write_text(glm + f"\n[kinds.mixed.total]\nexpected = {total}\n\n"
+                              "[kinds.mixed.anchors.fused_add_rmsnorm]\nexpected = 156\n", encoding="utf-8")
+        return check(trace, load_expectations(path))
+
+    healthy = checked(2002)
+    assert dict((k, c) for k, _, c, _ in healthy.step_kinds.iter_rows()) == {"decode": 3, "prefill": 0, "mixed": 1}
+    mixed = [(o.name, o.observed, o.passed) for o in healthy.outcomes if o.source.startswith("kinds.")]
+    assert mixed == [("mixed steps: anchor fused_add_rmsnorm", "156", True),
+                     ("mixed steps: total kernels per step", "2002", True)]
+    wrong = checked(1990)
+    assert [(f.check, f.observed, f.expected, f.steps) for f in wrong.findings if f.source.startswith("kinds.")] == [
+        ("kind_total", "2002", "1990", "0")]
