@@ -50,8 +50,9 @@ DEFAULT_STEP_RULE = StepRule(
 
 # PyTorch profiler traces of vLLM and SGLang carry one `record_function` range per engine step:
 # `execute_context_{n}({tokens})_generation_{n}({tokens})` (vLLM V1), `execute_{bs}_context_...`
-# (SGLang). A step with prefill requests (context_1+) or without decode requests
-# (generation_0) is not a decode step.
+# (SGLang). A step with prefill requests (context_1+) is a prefill or mixed step by its kind
+# (attribution.step_kinds), which says so first; the exclude rule still keeps a step with
+# neither prefill nor decode requests (context_0 ... generation_0) out of the decode steps.
 KINETO_STEP_RULE = StepRule(
     method="auto",
     # ... or torch.profiler's own `ProfilerStep#N` around each profiler.step() (HF generate loops)
@@ -134,8 +135,15 @@ class Result:
         if self.verdict == "summary":
             return f"no expectations given; {steps} decode steps counted"
         if self.verdict == "pass":
-            return f"all {checks} checks passed on {steps} decode steps"
-        return f"{len(self.findings)} finding(s) in {checks} checks on {steps} decode steps"
+            return f"all {checks} checks passed on {steps} decode steps{self._other_kinds_checked()}"
+        return f"{len(self.findings)} finding(s) in {checks} checks on {steps} decode steps{self._other_kinds_checked()}"
+
+    def _other_kinds_checked(self) -> str:
+        """" and 1 mixed step" when prefill or mixed steps were checked too; else nothing."""
+        if self.step_kinds is None:
+            return ""
+        checked = [(kind, n) for kind, _, n, _ in self.step_kinds.iter_rows() if kind != "decode" and n]
+        return "".join(f" and {n} {kind} step{'s' if n != 1 else ''}" for kind, n in checked)
 
 
 def check(

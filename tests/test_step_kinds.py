@@ -338,3 +338,10 @@ def test_mixed_graph_step_checked_against_the_glm_ledgers_mixed_section(tmp_path
     wrong = checked(1990)
     assert [(f.check, f.observed, f.expected, f.steps) for f in wrong.findings if f.source.startswith("kinds.")] == [
         ("kind_total", "2002", "1990", "0")]
+
+
+@needs_traces
+def test_verdict_names_the_steps_of_other_kinds_it_checked(tmp_path):
+    ledger = _ledger(tmp_path, "[kinds.prefill.total]\nexpected = 768\n")
+    result = check(KINETO_DIR / B200, load_expectations(ledger))
+    assert result.verdict_sentence == "all 1 checks passed on 0 decode steps and 1 prefill step"
