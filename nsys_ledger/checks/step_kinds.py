@@ -64,7 +64,8 @@ def steps_of_kind(kind_table: pl.DataFrame | None, kind: str, ops: list[str]) ->
     """The rows of `kind_table` of one kind, with a zero column for every op in `ops` it lacks
     (a stacked table has the ops some rank saw)."""
     if kind_table is None or kind_table.height == 0:
-        return pl.DataFrame(schema={"rank": pl.Int64, "step": pl.Int64, "kernels": pl.Int64, **{op: pl.Int64 for op in ops}})
+        columns = ["rank", "step", "kernels", *ops]
+        return pl.DataFrame(schema=dict.fromkeys(columns, pl.Int64))
     table = kind_table.filter(pl.col("kind") == kind)
     missing = [pl.lit(0, pl.Int64).alias(op) for op in ops if op not in table.columns]
     return table.with_columns(missing).with_columns(pl.col(op).fill_null(0) for op in ops)
