@@ -21,6 +21,7 @@ from nsys_ledger.checks.ranks import RankComparison
 from nsys_ledger.checks.coverage import OpCoverage, op_coverage
 from nsys_ledger.checks.stats import op_counts, step_table
 from nsys_ledger.checks.time_use import TimeUse, time_use
+from nsys_ledger.checks.step_kinds import check_step_kinds, kind_counts, kind_step_table
 from nsys_ledger.checks.timeline import (
     Timeline,
     add_timeline_columns,
@@ -50,8 +51,9 @@ DEFAULT_STEP_RULE = StepRule(
 
 # PyTorch profiler traces of vLLM and SGLang carry one `record_function` range per engine step:
 # `execute_context_{n}({tokens})_generation_{n}({tokens})` (vLLM V1), `execute_{bs}_context_...`
-# (SGLang). A step with prefill requests (context_1+) or without decode requests
-# (generation_0) is not a decode step.
+# (SGLang). A step with prefill requests (context_1+) is a prefill or mixed step by its kind
+# (attribution.step_kinds), which says so first; the exclude rule still keeps a step with
+# neither prefill nor decode requests (context_0 ... generation_0) out of the decode steps.
 KINETO_STEP_RULE = StepRule(
     method="auto",
     # ... or torch.profiler's own `ProfilerStep#N` around each profiler.step() (HF generate loops)
@@ -106,6 +108,10 @@ class Result:
     layers: LayerSummary | None = None  # layer of every decode kernel, how it was found, per-layer counts
     coverage: OpCoverage | None = None  # decode kernels by specific op, generic fallback, no op (with a ledger)
     time_use: TimeUse | None = None  # GPU time by op, group, layer, kernel; launch calls, overlap, delay, copies
+    # per step kind found: `kind, found, checked, declared` (checks.step_kinds.kind_counts)
+    step_kinds: pl.DataFrame | None = None
+    # one row per complete prefill or mixed step: `rank, kind, step, kernels` + kernels per ledger op
+    kind_table: pl.DataFrame | None = None
 
     @property
     def findings(self) -> list[Finding]:
@@ -131,8 +137,15 @@ class Result:
         if self.verdict == "summary":
             return f"no expectations given; {steps} decode steps counted"
         if self.verdict == "pass":
-            return f"all {checks} checks passed on {steps} decode steps"
-        return f"{len(self.findings)} finding(s) in {checks} checks on {steps} decode steps"
+            return f"all {checks} checks passed on {steps} decode steps{self._other_kinds_checked()}"
+        return f"{len(self.findings)} finding(s) in {checks} checks on {steps} decode steps{self._other_kinds_checked()}"
+
+    def _other_kinds_checked(self) -> str:
+        """" and 1 mixed step" when prefill or mixed steps were checked too; else nothing."""
+        if self.step_kinds is None:
+            return ""
+        checked = [(kind, n) for kind, _, n, _ in self.step_kinds.iter_rows() if kind != "decode" and n]
+        return "".join(f" and {n} {kind} step{'s' if n != 1 else ''}" for kind, n in checked)
 
     def to_pandas(self) -> dict[str, "pandas.DataFrame"]:
         """The result's tables as pandas DataFrames, for notebooks (as HTA hands out its frames):
@@ -206,6 +219,7 @@ def check(
     coverage = op_coverage(steps.activities, steps.decode, expectations) if expectations else None
     with stage("measuring where the step time goes"):
         time = time_use(steps, layers.assignments)
+    kind_table = kind_step_table(steps, list(expectations.ops) if expectations else [])
 
     notices: list[str] = list(trace.meta.warnings)
     if step_nvtx:
@@ -219,10 +233,12 @@ def check(
         outcomes = _layer_count_outcomes(expectations, layers, table, graph_level)
         outcomes += _ledger_outcomes(expectations, table, ops, timeline, ranks, steps, graph_level, totals)
         outcomes += _layer_outcomes(expectations, layers, table, graph_level)
+        outcomes += _kind_outcomes(expectations, kind_table, graph_level)
     return Result(
         trace=trace, expectations=expectations, totals=totals, steps=steps, step_table=table, op_table=ops,
         gaps=timeline.gaps, gap_threshold_ns=threshold_ns, outcomes=tuple(outcomes), notices=tuple(notices),
         timeline=timeline, ranks=ranks, batch=batch, layers=layers, coverage=coverage, time_use=time,
+        step_kinds=kind_counts(steps, expectations), kind_table=kind_table,
     )
 
 
@@ -250,7 +266,9 @@ def rejudge(result: Result, *, graph_level: bool) -> Result:
         outcomes += _ledger_outcomes(result.expectations, result.step_table, result.op_table, result.timeline,
                                     ranks, result.steps, graph_level, result.totals)
         outcomes += _layer_outcomes(result.expectations, result.layers, result.step_table, graph_level)
-    return replace(result, ranks=ranks, outcomes=tuple(outcomes))
+        outcomes += _kind_outcomes(result.expectations, result.kind_table, graph_level)
+    return replace(result, ranks=ranks, outcomes=tuple(outcomes),
+                   step_kinds=kind_counts(result.steps, result.expectations))
 
 
 def _layer_outcomes(
@@ -289,6 +307,13 @@ def _layer_count_outcomes(
     return [CheckOutcome("layer count", "layers.classes", str(len(declared)), str(found), (finding,))]
 
 
+def _kind_outcomes(expectations: Expectations, kind_table: pl.DataFrame | None, graph_level: bool
+                   ) -> list[CheckOutcome]:
+    """The prefill and mixed steps against the ledger's [kinds.*] sections (kernel counts: not
+    when graph replays hide their kernels)."""
+    return [] if graph_level else check_step_kinds(expectations, kind_table)
+
+
 def _gap_threshold_ns(expectations: Expectations | None, gap_us: float | None) -> int:
     if gap_us is not None:
         return int(round(gap_us * 1000))
@@ -315,6 +340,8 @@ def _ledger_outcomes(
         )
         return [CheckOutcome("capture mode allows per-kernel counts", "steps", "node-level graph trace",
                              "graph-level", (finding,))]
+    if table.height == 0 and _checked_other_kinds(expectations, steps):
+        return []  # the trace's steps are prefill or mixed steps that the ledger declares
     if table.height == 0:
         finding = Finding(
             check="steps", subject="steps", source="steps", steps="none", failing_steps=0,
@@ -326,6 +353,11 @@ def _ledger_outcomes(
     return check_ledger(expectations, table, ops) + timeline_outcomes(
         expectations, table, timeline, ranks, step_method=steps.method
     )
+
+
+def _checked_other_kinds(expectations: Expectations, steps: Steps) -> bool:
+    """Whether the trace has steps of a kind other than decode that the ledger declares."""
+    return any(steps.of_kind(kind).height for kind in expectations.kinds)
 
 
 def _graph_level_replays(trace: Trace) -> bool:

@@ -37,14 +37,17 @@ from nsys_ledger.attribution.kernel_names import function_name, gemm_signature
 from nsys_ledger.attribution.layers import DEFAULT_LAYER_REGEX
 from nsys_ledger.attribution.ops import UNMATCHED_OP
 from nsys_ledger.checks.gaps import is_step_entry_candidate
+from nsys_ledger.checks.step_kinds import steps_of_kind
 from nsys_ledger.errors import ExpectationsError
 from nsys_ledger.ledger.document import read_expectations, write_expectations
 from nsys_ledger.ledger.reading import LedgerReader
+from nsys_ledger.ledger.sections.kinds import SECTION_KINDS
 from nsys_ledger.ledger.model import (
     Anchor,
     Expectations,
     GemmShape,
     H2DRule,
+    KindSection,
     LayerClass,
     LayerRule,
     OpDef,
@@ -370,6 +373,10 @@ def final_ledger(provisional: Expectations, result: Result, options: LearnOption
         exact = f"anchors.{op}.expected" in anchor_written
         comments[f"anchors.{op}.expected" if exact else f"anchors.{op}.min"] = comment
 
+    kinds, kind_written, kind_comments = _learned_kinds(provisional, result, options, candidates)
+    written |= kind_written
+    comments |= kind_comments
+
     kernels = table["kernels"]
     total = Range(max(0, int(kernels.min()) - options.tolerance), int(kernels.max()) + options.tolerance)
     comments["total.min" if total.low != total.high else "total.expected"] = _observed(kernels, steps, "kernels per step")
@@ -406,9 +413,44 @@ def final_ledger(provisional: Expectations, result: Result, options: LearnOption
         graph_launches_per_step=graphs,
         layer_classes=classes,
         layer_rule=dataclasses.replace(provisional.layer_rule, uniform=bool(classes)),
+        kinds=kinds,
         written=written,
         comments=comments,
     )
+
+
+def _learned_kinds(provisional: Expectations, result: Result, options: LearnOptions,
+                   candidates: list[tuple[str, int]]) -> tuple[dict[str, KindSection], dict[str, object], dict[str, str]]:
+    """A [kinds.KIND] section for every kind other than decode that the traces show: its kernels
+    per step and the per-step counts of the learned ops its steps launch."""
+    kinds: dict[str, KindSection] = {}
+    written: dict[str, object] = {}
+    comments: dict[str, str] = {}
+    for kind in SECTION_KINDS:
+        table = steps_of_kind(result.kind_table, kind, list(provisional.ops))
+        if table.height == 0:
+            continue
+        steps = table.height
+        anchors = []
+        for op in provisional.ops:
+            low, high = int(table[op].min()), int(table[op].max())
+            if high == 0:
+                continue
+            key = f"kinds.{kind}.anchors.{op}"
+            anchor, anchor_written, comment = _learned_count(key, low, high, steps, candidates, options)
+            anchors.append(dataclasses.replace(anchor, op=op))
+            written |= anchor_written
+            comments[f"{key}.expected" if f"{key}.expected" in anchor_written else f"{key}.min"] = \
+                comment.replace("decode steps", f"{kind} steps")
+        key = f"kinds.{kind}.total"
+        kernels = table["kernels"]
+        total, total_written, comment = _learned_count(key, int(kernels.min()), int(kernels.max()), steps, [], options)
+        written |= total_written
+        comments[f"{key}.expected" if f"{key}.expected" in total_written else f"{key}.min"] = \
+            comment.replace("decode steps", f"{kind} steps").replace("observed", "kernels per step: observed", 1)
+        kinds[kind] = KindSection(kind=kind, total=total.expected, anchors=tuple(anchors), total_formula=total.formula,
+                                  source=f"kinds.{kind}")
+    return kinds, written, comments
 
 
 def _observed(values: pl.Series, steps: int, what: str) -> str:

@@ -168,7 +168,7 @@ def test_vllm_prefill_step_is_not_decode(traces):
     assert result.steps.method == "nvtx"
     assert result.step_table.height == 0
     assert result.steps.excluded["reason"].to_list() == [
-        "inside NVTX range 'execute_context_1(888_788544)_generation_0(0)' (not decode)"
+        "a prefill step, by annotation 'execute_context_1(888_788544)_generation_0(0)'"
     ]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import tomllib
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from nsys_ledger.ledger import (
     load_expectations,
     write_expectations,
 )
+from nsys_ledger.errors import ExpectationsError
 from nsys_ledger.ledger.writing import key_text, regex_string, value_text
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -273,8 +275,38 @@ expected = 1721
 """
 
 
-@pytest.mark.parametrize("text", [EVERY_FORM, MINIMAL, EAGER, ONE_ITERATION],
-                         ids=["every-form", "minimal", "eager", "one-iteration"])
+STEP_KINDS = """
+[model]
+name = "decode, prefill and mixed steps"
+
+[params]
+layers = 4
+
+[ops.norm]
+patterns = ["RMSNorm"]
+
+[ops.context_attention]
+patterns = ["Context$"]
+
+[total]
+expected = 80
+
+[kinds.prefill.total]
+expected = "20 * layers"
+tolerance_pct = 5
+hint_low = "a layer's prefill attention is missing"
+
+[kinds.prefill.anchors.context_attention]
+expected = "layers"
+
+[kinds.mixed.anchors.norm]
+min = "2 * layers"
+max = 9
+"""
+
+
+@pytest.mark.parametrize("text", [EVERY_FORM, MINIMAL, EAGER, ONE_ITERATION, STEP_KINDS],
+                         ids=["every-form", "minimal", "eager", "one-iteration", "step-kinds"])
 def test_hand_written_round_trip(tmp_path, text):
     exp = reload(tmp_path, text, "hand.toml")
     assert_round_trip(tmp_path, exp)
@@ -484,7 +516,7 @@ def test_the_format_reference_names_every_key_the_readers_accept():
     key a section reader accepts is named there."""
     import nsys_ledger.ledger as ledger
     from nsys_ledger.ledger.document import TOP_LEVEL
-    from nsys_ledger.ledger.sections import counts, layers, model, ops, steps, timeline
+    from nsys_ledger.ledger.sections import counts, kinds, layers, model, ops, steps, timeline
 
     reference = ledger.__doc__
     for table in TOP_LEVEL:
@@ -492,6 +524,10 @@ def test_the_format_reference_names_every_key_the_readers_accept():
     keys = (*model.MODEL_KEYS, *steps.STEP_KEYS, *ops.OP_KEYS, *counts.COUNT_KEYS, *timeline.GAPS_KEYS,
             *timeline.H2D_KEYS, *timeline.GRAPHS_KEYS, *timeline.RANKS_KEYS, *layers.LAYERS_KEYS,
             *layers.CLASS_KEYS)
+    for kind_key in kinds.KIND_KEYS:
+        assert f"[kinds.KIND.{kind_key}" in reference, kind_key
+    for kind in kinds.SECTION_KINDS:
+        assert kind in reference, kind
     for key in keys:
         assert f"{key} =" in reference or f"[layers.{key}" in reference, key
     for method in steps.STEP_METHODS:
@@ -514,3 +550,31 @@ def test_any_text_reads_back_as_a_value_a_regex_and_a_key(text):
     assert tomllib.loads(f"v = {regex_string(text)}\n")["v"] == text
     if text:
         assert tomllib.loads(f"{key_text(text)} = 1\n") == {text: 1}
+
+
+def test_step_kind_sections_values_and_written_forms(tmp_path):
+    exp = reload(tmp_path, STEP_KINDS, "kinds.toml")
+    assert sorted(exp.kinds) == ["mixed", "prefill"]
+    prefill = exp.kinds["prefill"]
+    assert prefill.total == Range(76, 84)
+    assert prefill.total_hint_low == "a layer's prefill attention is missing"
+    assert [(a.op, a.expected, a.source) for a in prefill.anchors] == [
+        ("context_attention", Range(4, 4), "kinds.prefill.anchors.context_attention")]
+    assert exp.kinds["mixed"].total == Range(None, None)
+    assert exp.kinds["mixed"].anchors[0].expected == Range(8, 9)
+    text = write_expectations(exp)
+    assert '[kinds.prefill.total]\nexpected = "20 * layers"\ntolerance_pct = 5\n' in text
+    assert '[kinds.mixed.anchors.norm]\nmin = "2 * layers"\nmax = 9\n' in text
+
+
+@pytest.mark.parametrize(("section", "problem"), [
+    ("[kinds.decode.total]\nexpected = 3", "no [kinds.decode]"),
+    ("[kinds.verify.total]\nexpected = 3", "unknown step kind 'verify' (one of prefill, mixed)"),
+    ("[kinds.mixed.anchors.nope]\nexpected = 3", "unknown op 'nope'"),
+    ("[kinds.mixed]\n", "declares nothing"),
+])
+def test_step_kind_sections_refuse_what_they_cannot_check(tmp_path, section, problem):
+    path = tmp_path / "bad.toml"
+    path.write_text('[model]\nname = "x"\n[ops.norm]\npatterns = ["RMSNorm"]\n' + section + "\n")
+    with pytest.raises(ExpectationsError, match=re.escape(problem)):
+        load_expectations(path)

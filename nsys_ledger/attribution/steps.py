@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from nsys_ledger.attribution.step_kinds import STEP_ANNOTATION_REGEX, window_kinds
 from nsys_ledger.frames import group_agg, left_join_keys
 from nsys_ledger.ledger.model import StepRule
 from nsys_ledger.trace.kineto_reader import GPU_RANGE_CATS
@@ -57,7 +58,10 @@ WINDOW_SCHEMA = {
 class Steps:
     method: str  # "nvtx", "graph", "marker" or "none"
     detail: str  # one sentence on how steps were found, for the report
-    windows: pl.DataFrame  # one row per window: WINDOW_SCHEMA + decode, reason, rank, step
+    # one row per window: WINDOW_SCHEMA + decode, reason, rank, step, kind (decode, prefill or mixed),
+    # kind_source (the annotation or the kernels that told the kind), kind_step (index among the
+    # complete windows of its kind in its rank)
+    windows: pl.DataFrame
     activities: pl.DataFrame  # the input activities + window key columns + step, rank
     api_calls: pl.DataFrame  # api calls + step, rank (for submissions and graph launches)
     rule: StepRule | None = None  # the step rule in effect (the ledger's, or check's default for the trace)
@@ -70,6 +74,10 @@ class Steps:
     @property
     def excluded(self) -> pl.DataFrame:
         return self.windows.filter(~pl.col("decode"))
+
+    def of_kind(self, kind: str) -> pl.DataFrame:
+        """The complete windows of one step kind (decode ones included whether checked or not)."""
+        return self.windows.filter((pl.col("kind") == kind) & pl.col("complete"))
 
 
 def find_steps(
@@ -363,12 +371,14 @@ def _judge_windows(
         else pl.DataFrame(schema={"key": pl.Int64, "window": pl.Int64, "excluded_op": pl.Utf8})
     )
     nvtx_hits = _windows_with_excluded_nvtx(windows, nvtx, rule, by_thread)
+    kinds = window_kinds(windows, activities, _step_annotations_in_windows(windows, nvtx, by_thread))
 
     judged = (
         windows.join(activity_counts, on=["key", "window"], how="inner")
         .join(graph_launches, on=["key", "window"], how="left")
         .join(op_hits, on=["key", "window"], how="left")
         .join(nvtx_hits, on=["key", "window"], how="left")
+        .join(kinds, on=["key", "window"], how="left")
         .with_columns(pl.col("graph_launches").fill_null(0))
     )
     reason = (
@@ -376,6 +386,8 @@ def _judge_windows(
         .then(pl.lit("incomplete: the capture ended inside this step"))
         .when(pl.lit(method == "graph") & (pl.col("graph_launches") == 0))
         .then(pl.lit("eager work without a graph launch (prefill, warm-up or capture)"))
+        .when(pl.col("kind") != "decode")
+        .then(pl.concat_str(pl.lit("a "), pl.col("kind"), pl.lit(" step, by "), pl.col("kind_source")))
         .when(pl.col("excluded_op").is_not_null())
         .then(pl.concat_str(pl.lit("contains "), pl.col("excluded_op"), pl.lit(" (not a decode step)")))
         .when(pl.col("excluded_nvtx").is_not_null())
@@ -383,6 +395,22 @@ def _judge_windows(
         .otherwise(None)
     )
     return judged.with_columns(reason.alias("reason")).with_columns(pl.col("reason").is_null().alias("decode"))
+
+
+def _step_annotations_in_windows(windows: pl.DataFrame, nvtx: pl.DataFrame, by_thread: bool) -> pl.DataFrame:
+    """The engines' step annotations (host ranges) placed in the windows where they start:
+    `key, window, name`, in start order."""
+    empty = pl.DataFrame(schema={"key": pl.Int64, "window": pl.Int64, "name": pl.Utf8})
+    if windows.height == 0 or nvtx.height == 0:
+        return empty
+    host = ~pl.col("domain").is_in(list(GPU_RANGE_CATS)).fill_null(False) if "domain" in nvtx.columns else pl.lit(True)
+    ranges = nvtx.filter(pl.col("name").str.contains(STEP_ANNOTATION_REGEX) & host).sort("start").select(
+        pl.col("global_tid" if by_thread else "pid").alias("key"), pl.col("start").alias("api_start"), "name"
+    )
+    if ranges.height == 0:
+        return empty
+    placed = _place(ranges, windows, time_col="api_start", key_col="key")
+    return placed.filter(pl.col("window").is_not_null()).select("key", "window", "name")
 
 
 def _windows_with_excluded_nvtx(
@@ -417,7 +445,9 @@ def _number_decode_steps(windows: pl.DataFrame) -> pl.DataFrame:
     )
     ordered = windows.join(ranks, on="pid", how="left").sort("rank", "host_start")
     step = pl.when(pl.col("decode")).then(pl.col("decode").cast(pl.Int64).cum_sum().over("rank") - 1)
-    return ordered.with_columns(step.otherwise(None).alias("step"))
+    kind_step = pl.when(pl.col("complete")).then(
+        pl.col("complete").cast(pl.Int64).cum_sum().over("rank", "kind") - 1)
+    return ordered.with_columns(step.otherwise(None).alias("step"), kind_step.otherwise(None).alias("kind_step"))
 
 
 def launches_per_thread(launch_threads: pl.DataFrame | None) -> pl.DataFrame:

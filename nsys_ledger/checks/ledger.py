@@ -19,7 +19,7 @@ STEP_KEY = ["rank", "step"]
 @dataclass(frozen=True)
 class Finding:
     check: str  # "anchor", "total", "h2d", "h2d_pageable", "h2d_bytes", "graph_launches", "graph_break", "gaps",
-    # "rank_imbalance", "steps", "capture"
+    # "rank_imbalance", "steps", "capture", "kind_total", "kind_anchor" (prefill/mixed steps: checks.step_kinds)
     subject: str  # what was checked: the op name for anchors, else the check name
     source: str  # the expectations key, e.g. "anchors.fused_add_rmsnorm"
     message: str  # one line, complete on its own

@@ -43,6 +43,11 @@ The layout (every table but ``[model]`` and ``[ops]`` may be left out):
            first_opening_op = OP, opening_followed_by = OP, closing_op = OP, uniform = BOOL
 [layers.modules]       SUBMODULE = GROUP or [GROUP, ...]   (NVTX sub-module -> ledger groups)
 [layers.classes.NAME]  layers = LAYERS, groups = { GROUP = RANGE, ... }, count = F
+[kinds.KIND.total]       same keys as [total]: kernels per step of that kind
+[kinds.KIND.anchors.OP]  same keys as an anchor
+           (KIND is prefill or mixed; the rest of the ledger is the decode step. Steps of a
+           kind the ledger declares are checked against it; steps of another kind are counted
+           and listed, not checked)
 ```
 
 A RANGE is a number, a formula (``"2 * layers"``), two plain numbers joined by a dash
@@ -74,6 +79,7 @@ from nsys_ledger.ledger.model import (
     Expectations,
     GemmShape,
     H2DRule,
+    KindSection,
     LayerClass,
     LayerRule,
     OpDef,
@@ -90,6 +96,7 @@ __all__ = [
     "FormulaError",
     "GemmShape",
     "H2DRule",
+    "KindSection",
     "LayerClass",
     "LayerRule",
     "LedgerChange",

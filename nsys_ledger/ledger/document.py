@@ -12,6 +12,7 @@ from typing import Any
 from nsys_ledger.ledger.model import Expectations, LayerClass, Range
 from nsys_ledger.ledger.reading import LedgerReader, type_name
 from nsys_ledger.ledger.sections.counts import read_anchors, read_total, write_anchors, write_total
+from nsys_ledger.ledger.sections.kinds import read_kinds, write_kinds
 from nsys_ledger.ledger.sections.layers import read_layers, write_layers
 from nsys_ledger.ledger.sections.model import read_model, write_model
 from nsys_ledger.ledger.sections.ops import read_ops, write_ops
@@ -30,7 +31,7 @@ from nsys_ledger.ledger.sections.timeline import (
 )
 from nsys_ledger.ledger.writing import LedgerWriter
 
-TOP_LEVEL = ("model", "params", "steps", "ops", "anchors", "total", "gaps", "h2d", "graphs", "ranks", "layers")
+TOP_LEVEL = ("model", "params", "steps", "ops", "anchors", "total", "gaps", "h2d", "graphs", "ranks", "layers", "kinds")
 
 
 def read_expectations(reader: LedgerReader, doc: dict[str, Any]) -> Expectations:
@@ -48,6 +49,7 @@ def read_expectations(reader: LedgerReader, doc: dict[str, Any]) -> Expectations
     rank_imbalance_pct = read_ranks(reader, doc)
     layer_regex, opening_op, classes, layer_rule = read_layers(reader, doc, ops)
     check_total_against_layers(reader, total, classes)
+    kinds = read_kinds(reader, doc, ops)
     return Expectations(
         path=reader.path,
         name=name,
@@ -70,6 +72,7 @@ def read_expectations(reader: LedgerReader, doc: dict[str, Any]) -> Expectations
         rank_imbalance_pct=rank_imbalance_pct,
         step_entry_gaps=step_entry_gaps,
         gaps_allowed_per_step=read_gaps_allowed(reader, doc),
+        kinds=kinds,
         written=dict(reader.written),
     )
 
@@ -90,6 +93,7 @@ def write_expectations(exp: Expectations) -> str:
     write_graphs(out, exp)
     write_ranks(out, exp)
     write_layers(out, exp)
+    write_kinds(out, exp)
     return out.text()
 
 

@@ -91,6 +91,20 @@ class Anchor:
 
 
 @dataclass(frozen=True)
+class KindSection:
+    """What a step of a kind other than decode launches ([kinds.prefill], [kinds.mixed]):
+    kernels per step and per-step counts of ops, in the form of [total] and [anchors]."""
+
+    kind: str  # "prefill" or "mixed"
+    total: Range  # kernels per step
+    anchors: tuple[Anchor, ...]
+    total_formula: str | None = None  # as written, for messages
+    total_hint_low: str | None = None
+    total_hint_high: str | None = None
+    source: str = "kinds"
+
+
+@dataclass(frozen=True)
 class StepRule:
     """How decode steps are found and which ones are excluded."""
 
@@ -184,6 +198,9 @@ class Expectations:
     rank_imbalance_pct: float | None = None  # [ranks] max_imbalance_pct; None: not checked
     step_entry_gaps: StepEntryGaps | None = None  # [gaps] step_entry_per_launch; None: none allowed
     gaps_allowed_per_step: int = 0  # [gaps] allowed_per_step: gaps above the threshold a step may show
+    # [kinds.prefill], [kinds.mixed]: the steps of that kind are checked against it; steps of a
+    # kind without a section are counted, not checked. Decode steps are the rest of the ledger.
+    kinds: dict[str, KindSection] = field(default_factory=dict)
     # Every number, range and layer list exactly as the file wrote it (formulas, "a-b", tables),
     # by dotted TOML key (``params.moe_layers``, ``anchors.sparse_mla.expected``,
     # ``ops.o_proj.gemm``, ``layers.classes.moe.groups``): the writer puts these back instead of

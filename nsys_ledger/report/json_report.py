@@ -58,6 +58,7 @@ def result_document(result: Result) -> dict:
             "excluded_steps": steps.excluded.height,
             "excluded_reasons": excluded_reasons,
             "launch_threads": launches_per_thread(steps.launch_threads).to_dicts(),
+            "kinds": result.step_kinds.to_dicts() if result.step_kinds is not None else [],
         },
         "gap_threshold_ns": result.gap_threshold_ns,
         "steps": _steps(result),

@@ -86,6 +86,7 @@ def _facts(result: Result) -> list[str]:
     ]
     if excluded_text:
         lines.append(f"excluded  {excluded_text}")
+    lines += _kind_lines(result)
     lines += _thread_lines(result)
     lines += _layer_lines(result)
     lines += _coverage_lines(result)
@@ -93,6 +94,17 @@ def _facts(result: Result) -> list[str]:
     if result.expectations is not None:
         lines.append(f"ledger    {printable(result.expectations.name)} ({printable(result.expectations.path)})")
     return lines
+
+
+def _kind_lines(result: Result) -> list[str]:
+    """How many steps of each kind were found and checked, when there is more than decode."""
+    kinds = result.step_kinds
+    if kinds is None or kinds.filter(pl.col("kind") != "decode").height == 0:
+        return []
+    undeclared = " without a ledger" if result.expectations is None else " not declared"
+    parts = [f"{kind} {found}/{checked}" + ("" if declared else undeclared)
+             for kind, found, checked, declared in kinds.iter_rows()]
+    return [f"kinds     steps found/checked: {', '.join(parts)}"]
 
 
 THREAD_LINE_WIDTH = 80  # the threads line lists as many threads as fit, then "+N more"
