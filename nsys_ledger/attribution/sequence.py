@@ -1,0 +1,207 @@
+"""Align each observed layer's kernels to its layer class's declared kernel sequence.
+
+The ledger's per-layer table is an ordered list (``[layers.classes.NAME] sequence``). A kernel
+name that several ops share (o_proj's and the replicated shared expert's down GEMM have the
+same shape; the router, the absorption bmm and the LM head are all tile-named cuBLAS/nvjet
+kernels) cannot be told apart by name, only by its place in the layer. So every layer's kernels,
+in issue order, are aligned to the expected sequence by a small edit distance:
+
+* a kernel may fill an entry when one of the entry's ops claims its name (any op whose pattern
+  or GEMM shape matches, not only the first one in the ledger's order); it then counts as the
+  entry's op, unless its own op is a specific one the entry names (`placed_op`);
+* a GEMM that only generic (fallback) ops claim, whose name states no shape (B200 DeepGEMM
+  spells `0u, 0u, 0u`; cuBLAS names state a tile), may fill the place of any op that declares
+  GEMM shapes;
+* an entry ``op a-b`` stands for `a` required and `b - a` optional places;
+* a kernel that fills no entry is an extra kernel (cost 1), a required place nobody fills a
+  missing kernel (cost 1); the alignment of least cost wins, ties go to filling places early.
+
+A healthy layer aligns at cost 0. A layer that differs is described by its edits at positions
+(``+ per_token_group_quant after o_proj``, ``missing rmsnorm after qkv_a_proj``): one edit per
+fault, where counting kernels per group would report the same fault in every group it shifts.
+
+The alignment runs once per distinct (expected sequence, observed name sequence): a healthy
+step of 78 layers has a handful of distinct layers, so its cost does not grow with the steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import polars as pl
+
+from nsys_ledger.attribution.ops import UNMATCHED_OP, OpClassifier
+from nsys_ledger.ledger.model import Expectations, LayerClass, SequenceEntry
+
+GENERIC_GEMM = "<a GEMM only a generic op claims>"  # a candidate token, never an op name
+EXTRA = "extra"
+MISSING = "missing"
+EDIT_SCHEMA = {
+    "rank": pl.Int64,
+    "step": pl.Int64,
+    "layer": pl.Int64,
+    "class_name": pl.Utf8,  # the class whose whole sequence the layer follows
+    "kind": pl.Utf8,  # EXTRA or MISSING
+    "label": pl.Utf8,  # the op (or the bare kernel name of a kernel no op claims)
+    "position": pl.Int64,  # 1-based: the missing entry, or the entry after which the extra kernel ran
+    "after": pl.Utf8,  # the op of the entry before (None at the start of the layer)
+    "entries": pl.Int64,  # entries in the layer's expected sequence
+}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The expected sequence of one set of layers: the base class's entries with the inserted
+    classes' entries in place."""
+
+    class_name: str
+    entries: tuple[SequenceEntry, ...]
+
+
+def layer_plans(expectations: Expectations) -> dict[int, Plan]:
+    """Layer -> its expected sequence, for the layers of a class that declares one."""
+    classes = expectations.layer_classes
+    plans: dict[int, Plan] = {}
+    for base in classes:
+        if not base.sequence or base.insert_before is not None:
+            continue
+        for layer in base.layers:
+            inserted = [c for c in classes if c.insert_before is not None and layer in c.layers]
+            plans[layer] = Plan(base.name, _with_insertions(base, inserted))
+    return plans
+
+
+def _with_insertions(base: LayerClass, inserted: list[LayerClass]) -> tuple[SequenceEntry, ...]:
+    entries = list(base.sequence)
+    for layer_class in inserted:
+        at = next(i for i, e in enumerate(entries) if e.op == layer_class.insert_before)
+        entries[at:at] = layer_class.sequence
+    return tuple(entries)
+
+
+@dataclass(frozen=True)
+class Alignment:
+    """Per observed kernel: the entry it fills (index, or -1 for an extra kernel); and the
+    edits `(kind, label, position, after)`."""
+
+    filled: tuple[int, ...]
+    edits: tuple[tuple[str, str, int, str | None], ...]
+
+
+def align(entries: tuple[SequenceEntry, ...], observed: list[frozenset[str]], labels: list[str],
+          fill_sets: list[frozenset[str]] | None = None) -> Alignment:
+    """Least-cost alignment of `observed` (each kernel's candidate ops) to `entries`.
+
+    Places: entry e expands to e.high places, the first e.low required. Cost: 1 per extra
+    kernel, 1 per unfilled required place. `fill_sets`: what each entry accepts, when more
+    than its ops (see `place_ops`)."""
+    places: list[tuple[int, bool]] = []  # (entry index, required)
+    for index, entry in enumerate(entries):
+        places += [(index, k < entry.low) for k in range(entry.high)]
+    fills = [frozenset(e.fills) for e in entries] if fill_sets is None else fill_sets
+    n_places, n_obs = len(places), len(observed)
+    inf = n_places + n_obs + 1
+    # cost[i][j]: places[i:] against observed[j:]; filled from the end so that the walk from
+    # the start can prefer filling a place early among equal costs
+    cost = [[inf] * (n_obs + 1) for _ in range(n_places + 1)]
+    cost[n_places] = [n_obs - j for j in range(n_obs + 1)]
+    for i in range(n_places - 1, -1, -1):
+        entry_index, required = places[i]
+        skip_place = 1 if required else 0
+        row, below = cost[i], cost[i + 1]
+        row[n_obs] = below[n_obs] + skip_place
+        for j in range(n_obs - 1, -1, -1):
+            best = below[j] + skip_place
+            if fills[entry_index] & observed[j]:
+                best = min(best, below[j + 1])
+            row[j] = min(best, row[j + 1] + 1)
+    filled = [-1] * n_obs
+    edits: list[tuple[str, str, int, str | None]] = []
+    i = j = 0
+    last_entry = -1
+    while i < n_places or j < n_obs:
+        here = cost[i][j]
+        if i < n_places and j < n_obs:
+            entry_index, required = places[i]
+            if fills[entry_index] & observed[j] and cost[i + 1][j + 1] == here:
+                filled[j] = entry_index
+                last_entry = entry_index
+                i, j = i + 1, j + 1
+                continue
+        if i < n_places:
+            entry_index, required = places[i]
+            if cost[i + 1][j] + (1 if required else 0) == here:
+                if required:
+                    before = entries[entry_index - 1].op if entry_index else None
+                    edits.append((MISSING, entries[entry_index].op, entry_index + 1, before))
+                i += 1
+                continue
+        edits.append((EXTRA, labels[j], last_entry + 1, entries[last_entry].op if last_entry >= 0 else None))
+        j += 1
+    return Alignment(tuple(filled), tuple(edits))
+
+
+def placed_op(entry: SequenceEntry, op: str | None, generic: set[str]) -> str:
+    """The op a kernel counts as in the place it fills: its own when the entry names it and it
+    is a specific op (`fused_add_rmsnorm|rmsnorm`: layer 0's plain norm stays rmsnorm), else
+    the entry's op (a generic cuBLAS GEMM in the router's place is the router; o_proj's shape
+    in the shared expert's place is the shared expert's GEMM)."""
+    if op in entry.fills and op not in generic:
+        return op
+    return entry.op
+
+
+def place_ops(kernels: pl.DataFrame, expectations: Expectations) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Align the layers of `kernels` to their plans.
+
+    `kernels`: `_position, rank, step, layer, name, op` in issue order. An edit's label is
+    the kernel's op, or its name when no op claims it. Returns `_position, placed_op` for every
+    kernel that filled an entry, and the edits (EDIT_SCHEMA)."""
+    plans = layer_plans(expectations)
+    empty = (pl.DataFrame(schema={"_position": pl.UInt32, "placed_op": pl.Utf8}), pl.DataFrame(schema=EDIT_SCHEMA))
+    if not plans or kernels.height == 0:
+        return empty
+    plan_ids = {plan: index for index, plan in enumerate(dict.fromkeys(plans.values()))}
+    plan_of = pl.DataFrame({"layer": list(plans), "_plan": [plan_ids[p] for p in plans.values()]},
+                           schema={"layer": pl.Int64, "_plan": pl.Int64})
+    classifier = OpClassifier(expectations)
+    generic = {name for name, op in expectations.ops.items() if op.fallback}
+    names = kernels.select(pl.col("name").unique()).drop_nulls()["name"].to_list()
+    candidates = {name: frozenset(classifier.all_matches(name)) for name in names}
+    key = ["rank", "step", "layer"]
+    layers = (
+        kernels.join(plan_of, on="layer", how="inner")
+        .group_by(*key, "_plan", maintain_order=True)
+        .agg(pl.col("_position"), pl.col("name"), pl.col("op"))
+    )
+    by_plan = {index: plan for plan, index in plan_ids.items()}
+    # a GEMM that only a generic op claims (its name states no shape: B200 DeepGEMM `0u, 0u, 0u`,
+    # or a tile-named cuBLAS GEMM) may fill the place of any op that declares GEMM shapes
+    shaped = {name for name, op in expectations.ops.items() if op.gemm}
+    fill_sets = {index: [frozenset(e.fills) | ({GENERIC_GEMM} if set(e.fills) & shaped else set())
+                         for e in plan.entries] for plan, index in plan_ids.items()}
+    candidates = {name: ops | ({GENERIC_GEMM} if ops and ops <= generic else set())
+                  for name, ops in candidates.items()}
+    cache: dict[tuple, Alignment] = {}
+    placed_positions: list[int] = []
+    placed_ops: list[str] = []
+    edit_rows: list[tuple] = []
+    for rank, step, layer, plan_index, positions, kernel_names, ops in layers.iter_rows():
+        plan = by_plan[plan_index]
+        labels = [op if op and op != UNMATCHED_OP else (n or "?") for n, op in zip(kernel_names, ops)]
+        observed = tuple(candidates.get(n, frozenset()) | ({op} if op and op != UNMATCHED_OP else frozenset())
+                         for n, op in zip(kernel_names, ops))
+        memo = (plan_index, observed, tuple(labels))
+        alignment = cache.get(memo)
+        if alignment is None:
+            alignment = cache[memo] = align(plan.entries, list(observed), list(labels), fill_sets[plan_index])
+        for position, entry_index, op in zip(positions, alignment.filled, ops):
+            if entry_index >= 0:
+                placed_positions.append(position)
+                placed_ops.append(placed_op(plan.entries[entry_index], op, generic))
+        for kind, label, where, after in alignment.edits:
+            edit_rows.append((rank, step, layer, plan.class_name, kind, label, where, after, len(plan.entries)))
+    placed = pl.DataFrame({"_position": placed_positions, "placed_op": placed_ops},
+                          schema={"_position": pl.UInt32, "placed_op": pl.Utf8})
+    edits = pl.DataFrame(edit_rows, schema=EDIT_SCHEMA, orient="row")
+    return placed, edits
