@@ -43,9 +43,10 @@ EDIT_SCHEMA = {
     "class_name": pl.Utf8,  # the class whose whole sequence the layer follows
     "kind": pl.Utf8,  # EXTRA or MISSING
     "label": pl.Utf8,  # the op (or the bare kernel name of a kernel no op claims)
-    "position": pl.Int64,  # 1-based: the missing entry, or the entry after which the extra kernel ran
+    "position": pl.Int64,  # 1-based in `entry_class`'s sequence: the missing entry, or the entry after which the extra kernel ran (0: the layer's start)
     "after": pl.Utf8,  # the op of the entry before (None at the start of the layer)
-    "entries": pl.Int64,  # entries in the layer's expected sequence
+    "entry_class": pl.Utf8,  # the class whose sequence `position` counts in (an inserted class's own)
+    "entries": pl.Int64,  # entries in `entry_class`'s sequence
 }
 
 
@@ -56,6 +57,7 @@ class Plan:
 
     class_name: str
     entries: tuple[SequenceEntry, ...]
+    origin: tuple[tuple[str, int, int], ...]  # per entry: its class, 1-based index there, that class's length
 
 
 def layer_plans(expectations: Expectations) -> dict[int, Plan]:
@@ -67,16 +69,23 @@ def layer_plans(expectations: Expectations) -> dict[int, Plan]:
             continue
         for layer in base.layers:
             inserted = [c for c in classes if c.insert_before is not None and layer in c.layers]
-            plans[layer] = Plan(base.name, _with_insertions(base, inserted))
+            entries, origin = _with_insertions(base, inserted)
+            plans[layer] = Plan(base.name, entries, origin)
     return plans
 
 
-def _with_insertions(base: LayerClass, inserted: list[LayerClass]) -> tuple[SequenceEntry, ...]:
-    entries = list(base.sequence)
+def _with_insertions(base: LayerClass, inserted: list[LayerClass]
+                     ) -> tuple[tuple[SequenceEntry, ...], tuple[tuple[str, int, int], ...]]:
+    def own(layer_class: LayerClass) -> list[tuple[str, int, int]]:
+        n = len(layer_class.sequence)
+        return [(layer_class.name, index + 1, n) for index in range(n)]
+
+    entries, origin = list(base.sequence), own(base)
     for layer_class in inserted:
         at = next(i for i, e in enumerate(entries) if e.op == layer_class.insert_before)
         entries[at:at] = layer_class.sequence
-    return tuple(entries)
+        origin[at:at] = own(layer_class)
+    return tuple(entries), tuple(origin)
 
 
 @dataclass(frozen=True)
@@ -200,7 +209,11 @@ def place_ops(kernels: pl.DataFrame, expectations: Expectations) -> tuple[pl.Dat
                 placed_positions.append(position)
                 placed_ops.append(placed_op(plan.entries[entry_index], op, generic))
         for kind, label, where, after in alignment.edits:
-            edit_rows.append((rank, step, layer, plan.class_name, kind, label, where, after, len(plan.entries)))
+            # `where` counts in the layer's whole plan; findings count in the entry's own class,
+            # so that one fault reads the same in layers with and without an inserted class
+            entry_class, position, entries = (plan.origin[where - 1] if where else
+                                              (plan.class_name, 0, len(plan.origin)))
+            edit_rows.append((rank, step, layer, plan.class_name, kind, label, position, after, entry_class, entries))
     placed = pl.DataFrame({"_position": placed_positions, "placed_op": placed_ops},
                           schema={"_position": pl.UInt32, "placed_op": pl.Utf8})
     edits = pl.DataFrame(edit_rows, schema=EDIT_SCHEMA, orient="row")

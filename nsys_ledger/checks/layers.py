@@ -273,8 +273,8 @@ def _sequence_outcome(layer_class: LayerClass, edits: pl.DataFrame, n_steps: int
     source = f"{layer_class.source}.sequence"
     mine = edits.filter(pl.col("class_name") == layer_class.name)
     findings = []
-    keys = ("kind", "label", "position", "after", "entries")
-    for (kind, label, position, after, entries), rows in sorted(
+    keys = ("kind", "label", "position", "after", "entry_class", "entries")
+    for (kind, label, position, after, entry_class, entries), rows in sorted(
         mine.group_by(*keys, maintain_order=True), key=lambda g: (g[1]["layer"].min(), g[0][2], g[0][0])
     ):
         layers = compact_ranges(rows["layer"].unique().sort().to_list())
@@ -282,10 +282,11 @@ def _sequence_outcome(layer_class: LayerClass, edits: pl.DataFrame, n_steps: int
         n_failing = rows.select(STEP_KEY).n_unique()
         shown = label if label in op_names else _bare_name(label)  # a kernel no op claims: its bare name
         where = f"after {after}" if after else "at the start of the layer"
+        place = f"{entry_class} sequence entry {position} of {entries}"
         if kind == EXTRA:
-            what = f"+ {shown} {where} (after position {position} of {entries})"
+            what = f"+ {shown} {where} (after {place})" if position else f"+ {shown} {where}"
         else:
-            what = f"missing {shown} {where} (position {position} of {entries})"
+            what = f"missing {shown} {where} ({place})"
         message = f"{_layers_word(layers)}: {what}, in {n_failing} of {n_steps} steps (steps {steps_text})"
         findings.append(Finding(
             check="layer_sequence", subject=label, source=source, message=message, steps=steps_text,
