@@ -289,7 +289,7 @@ def _sequence_outcome(layer_class: LayerClass, edits: pl.DataFrame, n_steps: int
             what = f"missing {shown} {where} ({place})"
         message = f"{_layers_word(layers)}: {what}, in {n_failing} of {n_steps} steps (steps {steps_text})"
         findings.append(Finding(
-            check="layer_sequence", subject=label, source=source, message=message, steps=steps_text,
+            check="layer_sequence", subject=shown, source=source, message=message, steps=steps_text,
             failing_steps=n_failing, observed=("+ " if kind == EXTRA else "- ") + shown,
             expected=f"the {layer_class.name} sequence", hint=HINT_EXTRA if kind == EXTRA else HINT_MISSING,
             layers=layers,
