@@ -140,8 +140,8 @@ def _place_by_sequence(activities: pl.DataFrame, expectations: Expectations) -> 
         activities.with_row_index("_position")
         .filter(pl.col("decode").fill_null(False) & (pl.col("activity") == "kernel") & pl.col("layer").is_not_null())
         .with_columns(pl.coalesce("api_start", "start").alias("_launched"))
-        .sort("rank", "step", "layer", "_launched", "capture_time", nulls_last=True)
-        .select("_position", "rank", "step", "layer", "name", "op")
+        .sort("rank", "step", "layer", "_launched", "capture_time", "start", nulls_last=True, maintain_order=True)
+        .select("_position", "rank", "step", "layer", "stream", "name", "op")
     )
     placed, edits = place_ops(in_layers, expectations)
     if placed.height == 0:

@@ -26,6 +26,7 @@ step of 78 layers has a handful of distinct layers, so its cost does not grow wi
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import polars as pl
@@ -97,57 +98,94 @@ class Alignment:
     edits: tuple[tuple[str, str, int, str | None], ...]
 
 
-def align(entries: tuple[SequenceEntry, ...], observed: list[frozenset[str]], labels: list[str],
+def align(entries: tuple[SequenceEntry, ...], streams: list[list[tuple[frozenset[str], str]]],
           fill_sets: list[frozenset[str]] | None = None) -> Alignment:
-    """Least-cost alignment of `observed` (each kernel's candidate ops) to `entries`.
+    """Least-cost alignment of the kernels of `streams` to `entries`.
 
-    Places: entry e expands to e.high places, the first e.low required. Cost: 1 per extra
-    kernel, 1 per unfilled required place. `fill_sets`: what each entry accepts, when more
-    than its ops (see `place_ops`)."""
+    Each stream is a list of (candidate ops, label) in its issue order; kernels of different
+    streams may take their places in any interleaving (a stream runs its kernels in order, but
+    two streams' kernels can be observed in either order when nothing records how they were
+    issued: graph replays in a profiler trace). Places: entry e expands to e.high places, the
+    first e.low required. Cost: 1 per extra kernel, 1 per unfilled required place.
+    `fill_sets`: what each entry accepts, when more than its ops (see `place_ops`).
+
+    `filled` is indexed by the kernels' order in `streams`, stream after stream."""
     places: list[tuple[int, bool]] = []  # (entry index, required)
     for index, entry in enumerate(entries):
         places += [(index, k < entry.low) for k in range(entry.high)]
     fills = [frozenset(e.fills) for e in entries] if fill_sets is None else fill_sets
-    n_places, n_obs = len(places), len(observed)
-    inf = n_places + n_obs + 1
-    # cost[i][j]: places[i:] against observed[j:]; filled from the end so that the walk from
-    # the start can prefer filling a place early among equal costs
-    cost = [[inf] * (n_obs + 1) for _ in range(n_places + 1)]
-    cost[n_places] = [n_obs - j for j in range(n_obs + 1)]
+    n_places = len(places)
+    lengths = tuple(len(stream) for stream in streams)
+    # cost[(i, at)]: least cost of places[i:] against every stream's kernels from `at` on,
+    # filled bottom-up: (i + 1, at) and (i, at + one kernel of a stream) come before (i, at)
+    # (descending product order puts every `at + e_s` before `at`)
+    positions = list(itertools.product(*(range(n, -1, -1) for n in lengths)))
+    moves = {at: [(s, at[:s] + (at[s] + 1,) + at[s + 1:]) for s, n in enumerate(lengths) if at[s] < n]
+             for at in positions}
+    cost: dict[tuple[int, tuple[int, ...]], int] = {}
+    for at in positions:
+        cost[(n_places, at)] = sum(n - a for n, a in zip(lengths, at))
     for i in range(n_places - 1, -1, -1):
         entry_index, required = places[i]
-        skip_place = 1 if required else 0
-        row, below = cost[i], cost[i + 1]
-        row[n_obs] = below[n_obs] + skip_place
-        for j in range(n_obs - 1, -1, -1):
-            best = below[j] + skip_place
-            if fills[entry_index] & observed[j]:
-                best = min(best, below[j + 1])
-            row[j] = min(best, row[j + 1] + 1)
-    filled = [-1] * n_obs
+        accepts = fills[entry_index]
+        skip = 1 if required else 0
+        for at in positions:
+            value = cost[(i + 1, at)] + skip
+            for s, moved in moves[at]:
+                extra = cost[(i, moved)] + 1
+                if extra < value:
+                    value = extra
+                if accepts & streams[s][at[s]][0]:
+                    matched = cost[(i + 1, moved)]
+                    if matched < value:
+                        value = matched
+            cost[(i, at)] = value
+
+    def best(i: int, at: tuple[int, ...]) -> int:
+        return cost[(i, at)]
+
+    offsets = [sum(lengths[:s]) for s in range(len(lengths))]
+    filled = [-1] * sum(lengths)
     edits: list[tuple[str, str, int, str | None]] = []
-    i = j = 0
+    i, at = 0, tuple(0 for _ in lengths)
     last_entry = -1
-    while i < n_places or j < n_obs:
-        here = cost[i][j]
-        if i < n_places and j < n_obs:
+    while i < n_places or any(a < n for a, n in zip(at, lengths)):
+        here = best(i, at)
+        step = _walk_step(i, at, here, best, places, fills, streams, lengths)
+        kind, s = step
+        if kind == "match":
+            entry_index = places[i][0]
+            filled[offsets[s] + at[s]] = entry_index
+            last_entry = entry_index
+            i, at = i + 1, at[:s] + (at[s] + 1,) + at[s + 1:]
+        elif kind == "skip":
             entry_index, required = places[i]
-            if fills[entry_index] & observed[j] and cost[i + 1][j + 1] == here:
-                filled[j] = entry_index
-                last_entry = entry_index
-                i, j = i + 1, j + 1
-                continue
-        if i < n_places:
-            entry_index, required = places[i]
-            if cost[i + 1][j] + (1 if required else 0) == here:
-                if required:
-                    before = entries[entry_index - 1].op if entry_index else None
-                    edits.append((MISSING, entries[entry_index].op, entry_index + 1, before))
-                i += 1
-                continue
-        edits.append((EXTRA, labels[j], last_entry + 1, entries[last_entry].op if last_entry >= 0 else None))
-        j += 1
+            if required:
+                before = entries[entry_index - 1].op if entry_index else None
+                edits.append((MISSING, entries[entry_index].op, entry_index + 1, before))
+            i += 1
+        else:
+            edits.append((EXTRA, streams[s][at[s]][1], last_entry + 1,
+                          entries[last_entry].op if last_entry >= 0 else None))
+            at = at[:s] + (at[s] + 1,) + at[s + 1:]
     return Alignment(tuple(filled), tuple(edits))
+
+
+def _walk_step(i, at, here, best, places, fills, streams, lengths) -> tuple[str, int]:
+    """The move of least cost from (i, at): fill a place first, then skip a place, then take
+    an extra kernel; among streams, the first."""
+    n_places = len(places)
+    for s, n in enumerate(lengths):
+        if i < n_places and at[s] < n:
+            moved = at[:s] + (at[s] + 1,) + at[s + 1:]
+            if fills[places[i][0]] & streams[s][at[s]][0] and best(i + 1, moved) == here:
+                return "match", s
+    if i < n_places and best(i + 1, at) + (1 if places[i][1] else 0) == here:
+        return "skip", -1
+    for s, n in enumerate(lengths):
+        if at[s] < n and best(i, at[:s] + (at[s] + 1,) + at[s + 1:]) + 1 == here:
+            return "extra", s
+    raise AssertionError("no move reaches the least cost")  # the costs above are consistent
 
 
 def placed_op(entry: SequenceEntry, op: str | None, generic: set[str]) -> str:
@@ -163,7 +201,8 @@ def placed_op(entry: SequenceEntry, op: str | None, generic: set[str]) -> str:
 def place_ops(kernels: pl.DataFrame, expectations: Expectations) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Align the layers of `kernels` to their plans.
 
-    `kernels`: `_position, rank, step, layer, name, op` in issue order. An edit's label is
+    `kernels`: `_position, rank, step, layer, stream, name, op` in issue order (within a
+    stream). An edit's label is
     the kernel's op, or its name when no op claims it. Returns `_position, placed_op` for every
     kernel that filled an entry, and the edits (EDIT_SCHEMA)."""
     plans = layer_plans(expectations)
@@ -178,10 +217,15 @@ def place_ops(kernels: pl.DataFrame, expectations: Expectations) -> tuple[pl.Dat
     names = kernels.select(pl.col("name").unique()).drop_nulls()["name"].to_list()
     candidates = {name: frozenset(classifier.all_matches(name)) for name in names}
     key = ["rank", "step", "layer"]
+    # each layer's kernels stream by stream (streams in the order of their first kernel), each
+    # stream in issue order
     layers = (
-        kernels.join(plan_of, on="layer", how="inner")
+        kernels.with_row_index("_order")
+        .join(plan_of, on="layer", how="inner")
+        .with_columns(pl.col("_order").min().over(*key, "stream").alias("_stream_first"))
+        .sort(*key, "_stream_first", "_order")
         .group_by(*key, "_plan", maintain_order=True)
-        .agg(pl.col("_position"), pl.col("name"), pl.col("op"))
+        .agg(pl.col("_position"), pl.col("name"), pl.col("op"), pl.col("stream").fill_null(-1))
     )
     by_plan = {index: plan for plan, index in plan_ids.items()}
     # a GEMM that only a generic op claims (its name states no shape: B200 DeepGEMM `0u, 0u, 0u`,
@@ -195,15 +239,21 @@ def place_ops(kernels: pl.DataFrame, expectations: Expectations) -> tuple[pl.Dat
     placed_positions: list[int] = []
     placed_ops: list[str] = []
     edit_rows: list[tuple] = []
-    for rank, step, layer, plan_index, positions, kernel_names, ops in layers.iter_rows():
+    for rank, step, layer, plan_index, positions, kernel_names, ops, stream_ids in layers.iter_rows():
         plan = by_plan[plan_index]
-        labels = [op if op and op != UNMATCHED_OP else (n or "?") for n, op in zip(kernel_names, ops)]
-        observed = tuple(candidates.get(n, frozenset()) | ({op} if op and op != UNMATCHED_OP else frozenset())
-                         for n, op in zip(kernel_names, ops))
-        memo = (plan_index, observed, tuple(labels))
+        streams: list[list[tuple[frozenset[str], str]]] = []
+        previous = None
+        for name, op, stream in zip(kernel_names, ops, stream_ids):
+            if stream != previous:
+                streams.append([])
+                previous = stream
+            own = {op} if op and op != UNMATCHED_OP else set()
+            streams[-1].append((candidates.get(name, frozenset()) | own,
+                                op if own else (name or "?")))
+        memo = (plan_index, tuple(tuple(stream) for stream in streams))
         alignment = cache.get(memo)
         if alignment is None:
-            alignment = cache[memo] = align(plan.entries, list(observed), list(labels), fill_sets[plan_index])
+            alignment = cache[memo] = align(plan.entries, streams, fill_sets[plan_index])
         for position, entry_index, op in zip(positions, alignment.filled, ops):
             if entry_index >= 0:
                 placed_positions.append(position)
