@@ -56,7 +56,7 @@ class LayerSummary:
     sequence_texts: pl.DataFrame  # sequence_id, sequence: the distinct sequences spelled out
     inferred: pl.DataFrame  # rank, step, segments, repaired_after: steps whose layers were inferred
     unresolved_graph_nodes: pl.DataFrame  # rank, status, nodes, kernels: decode graph kernels without capture origin
-    assignments: pl.DataFrame  # rank, step, row, layer, submodule, layer_group, how: every GPU activity
+    assignments: pl.DataFrame  # rank, step, row, layer, submodule, layer_group, how, capture_time: every GPU activity
     notes: tuple[str, ...] = ()
     # rank, step, layer, class_name, kind, label, position, after, entries: how layers differ
     # from their class's kernel sequence (attribution.sequence.EDIT_SCHEMA)
@@ -104,7 +104,7 @@ def summarize_layers(attribution: LayerAttribution) -> LayerSummary:
         sequence_texts=texts,
         inferred=attribution.inferred,
         unresolved_graph_nodes=unresolved,
-        assignments=activities.select("rank", "step", "row", "layer", "submodule", "layer_group", "how"),
+        assignments=activities.select("rank", "step", "row", "layer", "submodule", "layer_group", "how", "capture_time"),
         notes=attribution.notes,
         edits=attribution.edits,
     )
