@@ -530,8 +530,9 @@ def with_sequences(classes: tuple[LayerClass, ...], result: Result, options: Lea
             continue
         commonest, times = min(seen.items(), key=lambda item: (-item[1], item[0]))
         key = f"layers.classes.{layer_class.name}.sequence"
+        unwritten = f"layers.classes.{layer_class.name}"  # above the table: no sequence key to put it after
         if UNMATCHED_OP in commonest:
-            comments[key] = "no sequence: its layers launch a kernel no op of the ledger claims"
+            comments[unwritten] = "no sequence: its layers launch a kernel no op of the ledger claims"
             out.append(layer_class)
             continue
         entries = []
@@ -543,7 +544,7 @@ def with_sequences(classes: tuple[LayerClass, ...], result: Result, options: Lea
         total = sum(seen.values())
         if times != total:
             # a sequence is a claim about every layer of the class: learned only when all agree
-            comments[key] = (f"no sequence: the commonest one is launched by {times} of {total} layer-steps, "
+            comments[unwritten] = (f"no sequence: the commonest one is launched by {times} of {total} layer-steps, "
                              f"{len(seen)} different ones in all")
             out.append(layer_class)
             continue
