@@ -204,7 +204,7 @@ def test_graph_launch_shortfall_is_not_a_break(expectations, checked):
 def test_three_columns_and_kernels_per_token_at_the_seeds_batch(checked):
     table = checked("glm5-graph-healthy.sqlite").step_table
     assert table["cpu_submissions"].to_list() == [5] * 4  # 3 copies, 1 graph launch, 1 sampling launch
-    assert table["kernels"].to_list() == [2002] * 4
+    assert table["kernels"].to_list() == [2077] * 4
     assert table["gaps"].to_list() == [0] * 4 and table["gap_ns"].to_list() == [0] * 4
     assert table["kernels_per_token"].to_list() == [62.56] * 4  # the seed: "about 62 at batch 32"
 
@@ -347,7 +347,7 @@ def test_cli_prints_the_budget_and_writes_the_timeline_json(tmp_path):
     run = CliRunner().invoke(main, ["check", str(SAMPLES / "glm5-graph-caused-gaps.sqlite"), "--expect", str(GLM),
                                     "--per-stream-gaps", "--batch", "64", "--json", str(out)])
     assert run.exit_code == 1, run.output
-    assert "k/token@64" in run.output and "31.3" in run.output  # 2002 / 64
+    assert "k/token@64" in run.output and "32.5" in run.output  # 2077 / 64
     assert "step time budget (us)" in run.output and "gpu-bound" in run.output
     assert "by cause: collective 8 (98.0 us), sync 4 (81.6 us), host 4 (71.1 us), h2d 6 (22.1 us)" in run.output
     assert "per-stream gaps above 2 us: device 0 stream 20" in run.output
