@@ -209,7 +209,7 @@ def many_names(tmp_path_factory) -> Path:
 def test_100k_distinct_kernel_names(many_names, tmp_path):
     result = check(many_names, GLM)
     assert result.verdict == "pass", [f.message for f in result.findings]
-    assert result.totals.kernels == 11_933 + 100_000
+    assert result.totals.kernels == 12_383 + 100_000
     assert result.trace.kernels["name"].n_unique() == 100_000 + 42
     assert result.step_table["kernels"].to_list() == [2077] * 4
     summary = CliRunner().invoke(main, ["check", str(many_names)])
