@@ -148,7 +148,7 @@ def _place_by_sequence(activities: pl.DataFrame, expectations: Expectations) -> 
         return activities, edits
     group_of = {name: op.group for name, op in expectations.ops.items()}
     positions = placed["_position"].cast(pl.Int64)
-    groups = pl.Series([group_of.get(op) for op in placed["placed_op"]], dtype=pl.Utf8)
+    groups = placed["placed_op"].replace_strict(group_of, default=None, return_dtype=pl.Utf8)
     return activities.with_columns(
         activities["op"].scatter(positions, placed["placed_op"]).alias("op"),
         activities["group"].scatter(positions, groups).alias("group"),

@@ -125,9 +125,11 @@ def align(entries: tuple[SequenceEntry, ...], streams: list[list[tuple[frozenset
     cost: dict[tuple[int, tuple[int, ...]], int] = {}
     for at in positions:
         cost[(n_places, at)] = sum(n - a for n, a in zip(lengths, at))
+    # which kernels each entry accepts, once per entry and kernel rather than per grid cell
+    fits = [[[bool(accepts & candidates) for candidates, _ in stream] for stream in streams] for accepts in fills]
     for i in range(n_places - 1, -1, -1):
         entry_index, required = places[i]
-        accepts = fills[entry_index]
+        fit = fits[entry_index]
         skip = 1 if required else 0
         for at in positions:
             value = cost[(i + 1, at)] + skip
@@ -135,7 +137,7 @@ def align(entries: tuple[SequenceEntry, ...], streams: list[list[tuple[frozenset
                 extra = cost[(i, moved)] + 1
                 if extra < value:
                     value = extra
-                if accepts & streams[s][at[s]][0]:
+                if fit[s][at[s]]:
                     matched = cost[(i + 1, moved)]
                     if matched < value:
                         value = matched
@@ -235,11 +237,16 @@ def place_ops(kernels: pl.DataFrame, expectations: Expectations) -> tuple[pl.Dat
                          for e in plan.entries] for plan, index in plan_ids.items()}
     candidates = {name: ops | ({GENERIC_GEMM} if ops and ops <= generic else set())
                   for name, ops in candidates.items()}
-    cache: dict[tuple, Alignment] = {}
-    placed_positions: list[int] = []
-    placed_ops: list[str] = []
-    edit_rows: list[tuple] = []
-    for rank, step, layer, plan_index, positions, kernel_names, ops, stream_ids in layers.iter_rows():
+    # one alignment per distinct layer (plan, names, ops, streams), not per layer and step: a
+    # healthy trace has a handful however many steps it holds
+    layers = layers.with_columns(
+        pl.struct("_plan", "name", "op", "stream").hash(seed=0).alias("_sig"))
+    placed_parts: list[pl.DataFrame] = []
+    edit_parts: list[pl.DataFrame] = []
+    for signature, plan_index, kernel_names, ops, stream_ids in (
+        layers.unique(subset="_sig", keep="first", maintain_order=True)
+        .select("_sig", "_plan", "name", "op", "stream").iter_rows()
+    ):
         plan = by_plan[plan_index]
         streams: list[list[tuple[frozenset[str], str]]] = []
         previous = None
@@ -248,23 +255,31 @@ def place_ops(kernels: pl.DataFrame, expectations: Expectations) -> tuple[pl.Dat
                 streams.append([])
                 previous = stream
             own = {op} if op and op != UNMATCHED_OP else set()
-            streams[-1].append((candidates.get(name, frozenset()) | own,
-                                op if own else (name or "?")))
-        memo = (plan_index, tuple(tuple(stream) for stream in streams))
-        alignment = cache.get(memo)
-        if alignment is None:
-            alignment = cache[memo] = align(plan.entries, streams, fill_sets[plan_index])
-        for position, entry_index, op in zip(positions, alignment.filled, ops):
-            if entry_index >= 0:
-                placed_positions.append(position)
-                placed_ops.append(placed_op(plan.entries[entry_index], op, generic))
+            streams[-1].append((candidates.get(name, frozenset()) | own, op if own else (name or "?")))
+        alignment = align(plan.entries, streams, fill_sets[plan_index])
+        placed_parts.append(pl.DataFrame({
+            "_sig": [signature],
+            "placed_op": [[placed_op(plan.entries[e], op, generic) if e >= 0 else None
+                           for e, op in zip(alignment.filled, ops)]],
+        }, schema={"_sig": pl.UInt64, "placed_op": pl.List(pl.Utf8)}))
+        rows = []
         for kind, label, where, after in alignment.edits:
             # `where` counts in the layer's whole plan; findings count in the entry's own class,
             # so that one fault reads the same in layers with and without an inserted class
             entry_class, position, entries = (plan.origin[where - 1] if where else
                                               (plan.class_name, 0, len(plan.origin)))
-            edit_rows.append((rank, step, layer, plan.class_name, kind, label, position, after, entry_class, entries))
-    placed = pl.DataFrame({"_position": placed_positions, "placed_op": placed_ops},
-                          schema={"_position": pl.UInt32, "placed_op": pl.Utf8})
-    edits = pl.DataFrame(edit_rows, schema=EDIT_SCHEMA, orient="row")
+            rows.append((signature, plan.class_name, kind, label, position, after, entry_class, entries))
+        if rows:
+            edit_parts.append(pl.DataFrame(rows, orient="row", schema={
+                "_sig": pl.UInt64, **{k: v for k, v in EDIT_SCHEMA.items() if k not in ("rank", "step", "layer")}}))
+    placed = (
+        layers.select("_sig", "_position").join(pl.concat(placed_parts), on="_sig", how="left")
+        .explode("_position", "placed_op")
+        .filter(pl.col("placed_op").is_not_null())
+        .select(pl.col("_position").cast(pl.UInt32), "placed_op")
+    )
+    edits = pl.DataFrame(schema=EDIT_SCHEMA)
+    if edit_parts:
+        edits = (layers.select("rank", "step", "layer", "_sig").join(pl.concat(edit_parts), on="_sig", how="inner")
+                 .select(list(EDIT_SCHEMA)).cast(EDIT_SCHEMA))
     return placed, edits
