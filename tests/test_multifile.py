@@ -82,7 +82,7 @@ def test_findings_are_judged_over_all_ranks(stacked):
 
 
 def test_totals_add_up_and_events_stay_in_the_workers(stacked, singles):
-    assert stacked.totals.kernels == sum(r.totals.kernels for r in singles) == 44_664
+    assert stacked.totals.kernels == sum(r.totals.kernels for r in singles) == 46_314
     assert stacked.totals.h2d_copies == 54
     assert stacked.step_table.height == 14
     assert stacked.steps.activities.height == 0 and stacked.trace.kernels.height == 0
@@ -92,7 +92,7 @@ def test_totals_add_up_and_events_stay_in_the_workers(stacked, singles):
 def test_events_travel_back_when_asked_for(expectations, singles):
     kept = check_many(FILES[1:], expectations, keep_events=True)
     activities = kept.steps.activities
-    assert activities.height == singles[1].steps.activities.height + singles[2].steps.activities.height == 24_832
+    assert activities.height == singles[1].steps.activities.height + singles[2].steps.activities.height == 25_732
     assert activities["rank"].drop_nulls().unique().sort().to_list() == [0, 1]
     assert kept.trace.kernels.height == 12_383 + 13_319
     assert kept.step_table.equals(pl.concat([singles[1].step_table, singles[2].step_table.with_columns(

@@ -119,8 +119,8 @@ def test_faults_are_found_in_old_layouts(exports, version, fault, source, observ
     assert [f.source for f in result.findings if f.check == "anchor"] == [source]
     assert f"{observed} per step" in result.findings[0].message
     # the per-layer ledger names the layers too: capture-time attribution works in every layout
-    per_layer = [f.layers for f in result.findings if f.check == "layer"]
-    assert per_layer == {"broken_fusion": ["0", "1-2", "3-77"],
+    per_layer = [f.layers for f in result.findings if f.check in ("layer", "layer_sequence")]
+    assert per_layer == {"broken_fusion": ["0-2", "1-2", "3-77", "3-77"],
                          "chunked_indexer": ["0-2, 6, 10, 14, 18, 22, 26, 30, 34, 38, 42, 46, 50, 54, 58, 62, 66, "
                                              "70, 74"]}[fault]
 
