@@ -146,8 +146,12 @@ def test_dp8_ledger_names_the_broken_fusion(checked):
     assert result.verdict == "fail"
     anchor = next(f for f in result.findings if f.check == "anchor")
     assert (anchor.subject, anchor.observed, anchor.expected) == ("per_token_group_quant", "231", "75 (= moe_layers)")
-    assert {(f.subject, f.layers) for f in result.findings if f.check == "layer"} == {
-        ("ffn", "0"), ("ffn", "1-2"), ("ffn", "3-77")}
+    # one extra quant after each norm, each fault once at its place in the class's sequence
+    assert {(f.source, f.layers, f.observed) for f in result.findings if f.check == "layer_sequence"} == {
+        ("layers.classes.dense.sequence", "0-2", "+ per_token_group_quant"),
+        ("layers.classes.dense.sequence", "1-2", "+ per_token_group_quant"),
+        ("layers.classes.moe.sequence", "3-77", "+ per_token_group_quant")}
+    assert len([f for f in result.findings if f.check == "layer_sequence"]) == 4
 
 
 def test_mtp_ledger_passes_its_healthy_sample_with_three_replays_per_step(checked):
@@ -185,8 +189,8 @@ def test_deepseek_ledger_names_layer_41(checked):
     result = checked(TOPOLOGY_SAMPLES[DSV32][1], EXPECTATIONS / f"{DSV32}.toml")
     assert result.verdict == "fail"
     [finding] = result.findings
-    assert (finding.check, finding.subject, finding.layers) == ("layer_uniform", "attention", "41")
-    assert (finding.observed, finding.expected) == ("15", "14")
+    assert (finding.check, finding.subject, finding.layers) == ("layer_sequence", "elementwise_kernel", "41")
+    assert finding.message.startswith("layer 41: + elementwise_kernel after bmm (after moe sequence entry 12 of 27)")
 
 
 # ---- learn: the round trip ---------------------------------------------------------------------
