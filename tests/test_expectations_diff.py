@@ -91,6 +91,9 @@ def test_ops_added_removed_moved_and_changed(tmp_path):
         "~ ops.cublas_gemm.fallback: true -> false",
         "~ ops.cublas_gemm.description: generic GEMM: in a layer these are the absorption GEMMs of rows 7 and "
         "11 when cuBLAS names them (bf16 path); outside the layers the LM head -> generic GEMM",
+        # the renamed op in the MoE sequence: its place, removed and added
+        "- layers.classes.moe.sequence: moe_sum 0-1 (entry 27)",
+        "+ layers.classes.moe.sequence: shared_add 0-1 (entry 27)",
     ]
 
 
