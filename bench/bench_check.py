@@ -51,7 +51,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "out"
 EXPECT = ROOT / "expectations" / "glm-5.3-tp8-ep8.toml"
-KERNELS_PER_STEP = 2000  # about: 2002 in a healthy GLM-5.3 decode step
+KERNELS_PER_STEP = 2000  # about: 2077 in a healthy GLM-5.3 decode step
 # 50M: a 4+ GB export (issue 14's scale target); generated on request only (--sizes 50M)
 SIZES = {"100k": 100_000, "1M": 1_000_000, "5M": 5_000_000, "10M": 10_000_000, "50M": 50_000_000}
 SQLITE3_BARE_UP_TO = 1_000_000  # the slow fallback reader is measured up to this many kernels

@@ -211,9 +211,14 @@ def check(
         )
     table = add_timeline_columns(step_table(steps, timeline.gaps), timeline, batch)
     ranks = rank_comparison(table)
-    ops = op_counts(steps, list(expectations.ops) if expectations else [])
     with stage("attributing kernels to layers"):
-        layers = summarize_layers(attribute_layers(trace, steps.activities, expectations))
+        attribution = attribute_layers(trace, steps.activities, expectations)
+        layers = summarize_layers(attribution)
+    # a kernel whose name several ops share counts as the op of its place in its layer's
+    # sequence (attribution.sequence), in the op counts too
+    steps = replace(steps, activities=steps.activities.with_columns(
+        attribution.activities["op"], attribution.activities["group"]))
+    ops = op_counts(steps, list(expectations.ops) if expectations else [])
     timeline = attach_layers(timeline, layers.assignments)  # gap and graph-break positions by layer
     totals = trace_totals(trace)
     coverage = op_coverage(steps.activities, steps.decode, expectations) if expectations else None

@@ -35,7 +35,7 @@ import polars as pl
 from nsys_ledger.api import DEFAULT_GAP_THRESHOLD_NS, DEFAULT_STEP_RULE, Result
 from nsys_ledger.attribution.kernel_names import function_name, gemm_signature
 from nsys_ledger.attribution.layers import DEFAULT_LAYER_REGEX
-from nsys_ledger.attribution.ops import UNMATCHED_OP
+from nsys_ledger.attribution.ops import UNMATCHED_OP, OpClassifier
 from nsys_ledger.checks.gaps import is_step_entry_candidate
 from nsys_ledger.checks.step_kinds import steps_of_kind
 from nsys_ledger.errors import ExpectationsError
@@ -52,6 +52,7 @@ from nsys_ledger.ledger.model import (
     LayerRule,
     OpDef,
     Range,
+    SequenceEntry,
     StepEntryGaps,
     StepRule,
 )
@@ -174,6 +175,15 @@ def decode_kernel_names(result: Result, options: LearnOptions) -> pl.DataFrame:
     else:
         kernels = kernels.with_columns(pl.lit(None, pl.Int64).alias("layer"), pl.lit(None, pl.Utf8).alias("layer_group"))
     fallback_ops = [n for n, op in result.expectations.ops.items() if op.fallback] if result.expectations else []
+    # ops by name: a kernel's `op` may be the op of its place in a layer sequence (a tile-named
+    # cuBLAS GEMM in the router's place), which the learned ops, matched by name, cannot repeat
+    classifier = OpClassifier(result.expectations)
+    distinct = kernels.select(pl.col("name").unique()).drop_nulls()["name"].to_list()
+    matches = [classifier.classify(name) for name in distinct]
+    by_name = pl.DataFrame({"name": distinct, "_op": [m.op for m in matches], "_group": [m.group for m in matches]},
+                           schema={"name": pl.Utf8, "_op": pl.Utf8, "_group": pl.Utf8})
+    kernels = kernels.join(by_name, on="name", how="left").with_columns(
+        pl.col("_op").alias("op"), pl.col("_group").alias("group")).drop("_op", "_group")
     return (
         kernels.group_by("name")
         .agg(
@@ -350,6 +360,8 @@ def final_ledger(provisional: Expectations, result: Result, options: LearnOption
     comments: dict[str, str] = {}
     written: dict[str, object] = dict(provisional.written)
     classes, class_comments = layer_classes(result, options)
+    classes, sequence_comments = with_sequences(classes, result, options)
+    class_comments |= sequence_comments
     params, param_comments = learned_params(provisional, classes, options)
     comments |= class_comments | param_comments
     candidates = _formula_candidates(params, options)
@@ -629,6 +641,61 @@ def layer_classes(result: Result, options: LearnOptions) -> tuple[tuple[LayerCla
             f"{len(layers)} layers launch these per group in each of {steps} decode steps"
             + (f"; varies across steps: {', '.join(unstable)}" if unstable else f" {_stability(steps)}"))
     return tuple(classes), comments
+
+
+def with_sequences(classes: tuple[LayerClass, ...], result: Result, options: LearnOptions
+                   ) -> tuple[tuple[LayerClass, ...], dict[str, str]]:
+    """Each class with the kernel sequence its layers launched, in issue order, repeats of one
+    op written once with their count, when every layer of the class launched that same
+    sequence in every step. A class whose sequence holds a kernel no op claims gets none (an
+    entry names an op)."""
+    if not classes or result.layers is None:
+        return classes, {}
+    kernels = _in_steps(
+        result.steps.activities.filter(pl.col("decode").fill_null(False) & (pl.col("activity") == "kernel")), options
+    ).select("rank", "step", "row", "op", "api_start", "start")
+    placed = result.layers.assignments.select("rank", "row", "layer", "capture_time").filter(pl.col("layer").is_not_null())
+    layered = kernels.join(placed, on=["rank", "row"])
+    sequences = (
+        layered.with_columns(pl.coalesce("api_start", "start").alias("_launched"))
+        .sort("rank", "step", "layer", "_launched", "capture_time", "start", nulls_last=True, maintain_order=True)
+        .group_by("rank", "step", "layer", maintain_order=True)
+        .agg(pl.col("op").fill_null(UNMATCHED_OP))
+    )
+    by_layer: dict[int, Counter[tuple[str, ...]]] = {}
+    for _rank, _step, layer, ops in sequences.iter_rows():
+        by_layer.setdefault(layer, Counter())[tuple(ops)] += 1
+    out, comments = [], {}
+    for layer_class in classes:
+        seen: Counter[tuple[str, ...]] = Counter()
+        for layer in layer_class.layers:
+            seen.update(by_layer.get(layer, Counter()))
+        if not seen:
+            out.append(layer_class)
+            continue
+        commonest, times = min(seen.items(), key=lambda item: (-item[1], item[0]))
+        key = f"layers.classes.{layer_class.name}.sequence"
+        unwritten = f"layers.classes.{layer_class.name}"  # above the table: no sequence key to put it after
+        if UNMATCHED_OP in commonest:
+            comments[unwritten] = "no sequence: its layers launch a kernel no op of the ledger claims"
+            out.append(layer_class)
+            continue
+        entries = []
+        for op in commonest:
+            if entries and entries[-1].op == op:
+                entries[-1] = dataclasses.replace(entries[-1], low=entries[-1].low + 1, high=entries[-1].high + 1)
+            else:
+                entries.append(SequenceEntry(op=op, fills=(op,)))
+        total = sum(seen.values())
+        if times != total:
+            # a sequence is a claim about every layer of the class: learned only when all agree
+            comments[unwritten] = (f"no sequence: the commonest one is launched by {times} of {total} layer-steps, "
+                             f"{len(seen)} different ones in all")
+            out.append(layer_class)
+            continue
+        comments[key] = f"all {total} layer-steps of the class launch exactly this sequence"
+        out.append(dataclasses.replace(layer_class, sequence=tuple(entries)))
+    return tuple(out), comments
 
 
 def learned_params(provisional: Expectations, classes: tuple[LayerClass, ...], options: LearnOptions

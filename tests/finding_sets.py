@@ -13,6 +13,16 @@ def failures(result) -> tuple[set[str], dict[str, set[int]]]:
     return anchors, layers
 
 
+def layers_named(result) -> set[int]:
+    """Every layer some per-layer finding names: a group count, a peer comparison, or an edit
+    of the layer's kernel sequence (one ledger may tell a fault by count, another by place)."""
+    named: set[int] = set()
+    for finding in result.findings:
+        if finding.check in ("layer", "layer_uniform", "layer_sequence") and finding.layers:
+            named |= layer_set(finding.layers)
+    return named
+
+
 def layer_set(text: str) -> set[int]:
     """`"0-2, 6-74/4"` -> {0, 1, 2, 6, 10, ..., 74}."""
     out: set[int] = set()

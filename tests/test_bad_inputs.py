@@ -234,7 +234,7 @@ def _catalog(tmp: Path) -> dict[str, Case]:
         HEALTHY, tmp / "inverted.sqlite",
         "UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET end = start - 5 WHERE rowid IN (10, 20, 30)",
     )
-    trace_case("inverted-timestamps", inverted, "3 of 11933 kernel rows have a NULL or inverted")
+    trace_case("inverted-timestamps", inverted, "3 of 12383 kernel rows have a NULL or inverted")
     # held by the fixture with BEGIN EXCLUSIVE while the runs go
     trace_case("locked-database", _copy(HEALTHY, tmp / "locked.sqlite"), "database is locked")
 

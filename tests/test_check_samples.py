@@ -38,7 +38,7 @@ def test_healthy_graph_sample_passes_with_the_seed_figures(expectations):
     assert result.findings == []
     assert result.steps.method == "graph"
     assert result.step_table.height == 4
-    assert result.step_table["kernels"].to_list() == [2002] * 4
+    assert result.step_table["kernels"].to_list() == [2077] * 4
     assert op_column(result, "fused_add_rmsnorm") == [156] * 4
     assert op_column(result, "sparse_mla") == [78] * 4
     assert op_column(result, "paged_mqa_logits") == [21] * 4
@@ -73,13 +73,19 @@ def test_broken_fusion_names_the_quant_anchor_and_the_fusion_hint(expectations):
     assert finding.expected.startswith("75")
     assert finding.steps == "0-3"
     assert "fusion broke" in finding.hint
-    # the per-layer ledger: the extra quant kernels land in the FFN group of every layer
-    # (layer 0 opens with a plain RMSNorm, so only its post-attention norm gets one)
-    layers = [(f.check, f.layers, f.subject, f.observed, f.expected) for f in result.findings if f.check == "layer"]
-    assert layers == [("layer", "0", "ffn", "4", "3"), ("layer", "1-2", "ffn", "5", "3"),
-                      ("layer", "3-77", "ffn", "10", "7-9")]
-    moe = result.findings[-1]
-    assert "`per_token_group_quant` x3 (after fused_add_rmsnorm x2, moe_topk)" in moe.message
+    # the per-layer ledger: one extra quant after each norm, at its place in the sequence
+    # (layer 0 opens with a plain RMSNorm, so only its post-attention norm gets one): the two
+    # faults of each class, each once, not an ffn count per layer set
+    layers = [(f.check, f.layers, f.subject, f.observed) for f in result.findings if f.check.startswith("layer")]
+    assert layers == [("layer_sequence", "0-2", "per_token_group_quant", "+ per_token_group_quant"),
+                      ("layer_sequence", "1-2", "per_token_group_quant", "+ per_token_group_quant"),
+                      ("layer_sequence", "3-77", "per_token_group_quant", "+ per_token_group_quant"),
+                      ("layer_sequence", "3-77", "per_token_group_quant", "+ per_token_group_quant")]
+    messages = [f.message for f in result.findings if f.check == "layer_sequence"]
+    assert messages[2].startswith("layers 3-77: + per_token_group_quant after fused_add_rmsnorm "
+                                  "(after moe sequence entry 1 of 27)")
+    assert messages[3].startswith("layers 3-77: + per_token_group_quant after fused_add_rmsnorm "
+                                  "(after moe sequence entry 15 of 27)")
 
 
 def test_chunked_indexer_names_paged_mqa_logits(expectations):
@@ -118,7 +124,7 @@ def test_split_graph_is_two_launches_in_one_step(expectations):
     assert "graph_break" in failing_checks(result)  # too many launches: a graph break (checks.timeline)
     assert result.step_table.height == 4  # still four steps, not eight half steps
     assert result.step_table["graph_launches"].to_list() == [2] * 4
-    assert result.step_table["kernels"].to_list() == [2002] * 4
+    assert result.step_table["kernels"].to_list() == [2077] * 4
 
 
 def test_two_rank_sample_has_steps_per_rank(expectations):
@@ -136,7 +142,7 @@ def test_eager_sample_steps_by_marker_and_is_host_bound(expectations):
     assert result.steps.excluded["reason"].to_list() == ["contains prefill_attention (not a decode step)"]
     assert op_column(result, "fused_add_rmsnorm") == [156] * 4
     # eager decode: one launch call per kernel plus the three copies
-    assert result.step_table["cpu_submissions"].to_list() == [2005] * 4
+    assert result.step_table["cpu_submissions"].to_list() == [2080] * 4
     assert failing_checks(result) == {"gaps"}  # the GPU waits for the host between kernels
     assert min(result.step_table["gaps"]) > 1000
 
@@ -145,7 +151,7 @@ def test_eager_sample_steps_by_nvtx_range(expectations):
     result = run("glm5-eager-healthy.sqlite", expectations, step_nvtx=r"^decode")
     assert result.steps.method == "nvtx"
     assert result.step_table.height == 4
-    assert result.step_table["kernels"].to_list() == [2002] * 4
+    assert result.step_table["kernels"].to_list() == [2077] * 4
 
 
 def test_eager_prefill_range_is_excluded_by_the_nvtx_rule(expectations):
@@ -157,11 +163,14 @@ def test_eager_prefill_range_is_excluded_by_the_nvtx_rule(expectations):
 
 def test_layer_fault_shows_one_extra_kernel_per_step(expectations):
     result = run("glm5-graph-layer41.sqlite", expectations)
-    assert result.step_table["kernels"].to_list() == [2003] * 4
-    # 2003 is inside the 1800-2200 total and every anchor holds: only the per-layer ledger sees
-    # it. Layer 41 launches 15 attention kernels (inside 12-16) where its 56 peers launch 14.
+    assert result.step_table["kernels"].to_list() == [2078] * 4
+    # 2078 is inside the 1800-2200 total and every anchor holds: only the per-layer ledger sees
+    # it. Layer 41 launches 15 attention kernels (inside 12-16) where its peers launch 14; its
+    # kernel sequence says where: one finding, at the place after the output absorption bmm
+    # (moe entry 12), not one per group count it shifts.
     assert result.verdict == "fail"
-    assert [(f.check, f.layers, f.subject, f.observed, f.expected, f.steps) for f in result.findings] == [
-        ("layer_uniform", "41", "attention", "15", "14", "0-3")
+    assert [(f.check, f.layers, f.subject, f.observed, f.steps) for f in result.findings] == [
+        ("layer_sequence", "41", "elementwise_kernel", "+ elementwise_kernel", "0-3")
     ]
-    assert result.findings[0].message.endswith("one extra `elementwise_kernel` after `cublas_gemm`")
+    assert result.findings[0].message.startswith(
+        "layer 41: + elementwise_kernel after bmm (after moe sequence entry 12 of 27), in 4 of 4 steps")

@@ -25,7 +25,7 @@ def test_check_healthy_exits_0_and_says_what_it_checked():
     result = invoke("check", HEALTHY, "--expect", GLM)
     assert result.exit_code == 0, result.output
     # 10 per-step checks and 8 per-layer ones (6 class groups, undeclared groups, uniform)
-    assert "PASS all 18 checks passed on 4 decode steps" in result.output
+    assert "PASS all 20 checks passed on 4 decode steps" in result.output
     assert "anchor fused_add_rmsnorm" in result.output and "156" in result.output
 
 
@@ -57,17 +57,19 @@ def test_json_output_follows_the_documented_schema(tmp_path):
     assert doc["verdict"] == "fail"
     assert len(doc["steps"]) == 4
     step = doc["steps"][0]
-    assert step["index"] == 0 and step["kernels"] == 2158
+    assert step["index"] == 0 and step["kernels"] == 2233
     assert step["ops"]["fused_add_rmsnorm"] == 156
     assert step["ops"]["per_token_group_quant"] == 231
     assert [f["source"] for f in doc["findings"]] == [
         "anchors.per_token_group_quant",
-        "layers.classes.dense.groups.ffn",  # layer 0: 4 (its input norm is a plain RMSNorm)
-        "layers.classes.dense.groups.ffn",  # layers 1-2: 5
-        "layers.classes.moe.groups.ffn",  # layers 3-77: 10
+        "total",
+        "layers.classes.dense.sequence",  # after the post-attention norm of layers 0-2
+        "layers.classes.dense.sequence",  # after the input norm of layers 1-2 (layer 0's is a plain RMSNorm)
+        "layers.classes.moe.sequence",  # after the input norm of layers 3-77
+        "layers.classes.moe.sequence",  # after their post-attention norm
     ]
-    assert [f["layers"] for f in doc["findings"]] == [None, "0", "1-2", "3-77"]
-    assert doc["layers"]["kernels_by_how"]["capture_nvtx"] == 4 * (1998 + 155)
+    assert [f["layers"] for f in doc["findings"]] == [None, None, "0-2", "1-2", "3-77", "3-77"]
+    assert doc["layers"]["kernels_by_how"]["capture_nvtx"] == 4 * (2073 + 155)
 
 
 def test_json_schema_doc_names_every_top_level_field(tmp_path):

@@ -92,10 +92,10 @@ def test_every_sample_checks_the_same_from_each_layout(sample, fmt, converted, e
 
 def test_the_healthy_and_broken_samples_give_their_figures_from_parquet(converted, expectations):
     healthy = nsys_ledger.check(converted(HEALTHY, "parquetdir"), expectations)
-    assert (healthy.verdict, healthy.totals.kernels, healthy.step_table.height) == ("pass", 11_933, 4)
+    assert (healthy.verdict, healthy.totals.kernels, healthy.step_table.height) == ("pass", 12_383, 4)
     broken = nsys_ledger.check(converted(BROKEN_FUSION, "parquetdir"), expectations)
     assert broken.verdict == "fail"
-    assert broken.totals.kernels == 12_869
+    assert broken.totals.kernels == 13_319
     assert "per_token_group_quant kernels: 231 per step" in broken.findings[0].message
 
 
@@ -147,7 +147,7 @@ def test_text_that_is_not_utf8_is_replaced_and_named(tmp_path, converted):
     pq.write_table(strings.set_column(1, "value", pa.array(values, type=pa.binary())), directory / "StringIds.parquet")
     trace = load_trace(directory)
     assert "invalid UTF-8 in StringIds replaced with U+FFFD" in trace.meta.warnings
-    assert trace.kernels.height == 11_933
+    assert trace.kernels.height == 12_383
 
 
 def test_a_parquet_directory_is_one_export_not_a_directory_of_ranks(converted):
@@ -269,7 +269,7 @@ def test_a_report_is_exported_once_to_parquet_and_reused_while_unchanged(tmp_pat
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
 
     first = load_trace(report)
-    assert first.path == str(report) and first.kernels.height == 11_933
+    assert first.path == str(report) and first.kernels.height == 12_383
     calls = _calls(log)
     assert len(calls) == 1 and calls[0].startswith("export --type parquetdir --tables StringIds,")
     assert "CUPTI_ACTIVITY_KIND_KERNEL" in calls[0].split()[4].split(",")
@@ -279,7 +279,7 @@ def test_a_report_is_exported_once_to_parquet_and_reused_while_unchanged(tmp_pat
     assert load_trace(report).kernels.equals(first.kernels)
     assert len(_calls(log)) == 1  # reused
 
-    assert load_trace(report, cache=False).kernels.height == 11_933
+    assert load_trace(report, cache=False).kernels.height == 12_383
     assert len(_calls(log)) == 2  # exported afresh into a temporary directory
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bin", "calls.log", "decode.nsys-rep", cached.name]
 
@@ -311,7 +311,7 @@ def test_an_nsys_that_refuses_the_table_list_exports_every_table(tmp_path, monke
     log = tmp_path / "calls.log"
     _fake_nsys(tmp_path / "bin", converted(HEALTHY, "parquetdir"), log, tables=False)
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
-    assert load_trace(report).kernels.height == 11_933
+    assert load_trace(report).kernels.height == 12_383
     assert [c.split()[:4] for c in _calls(log)] == [
         ["export", "--type", "parquetdir", "--tables"], ["export", "--type", "parquetdir", "--output"]]
     assert (cache_dir_for(report) / "parquet" / "StringIds.parquet").is_file()
@@ -344,7 +344,7 @@ def test_synth_writes_a_columnar_export(tmp_path, fmt, suffix, expectations):
     assert (out / f"StringIds{suffix}").is_file()
     result = nsys_ledger.check(out, expectations)
     assert result.step_table.height == 3
-    assert result.step_table["kernels"].to_list() == [2002, 2002, 2002]
+    assert result.step_table["kernels"].to_list() == [2077, 2077, 2077]
 
 
 def test_synth_refuses_a_directory_that_is_not_empty(tmp_path):

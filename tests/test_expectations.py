@@ -87,7 +87,7 @@ def test_glm_layer_classes(glm):
     assert len(classes["full_indexer"].layers) == 21
     assert classes["full_indexer"].groups == {"indexer": Range(6, 7)}
     assert classes["moe"].groups["deepep"] == Range(2, 2)
-    assert classes["moe"].groups["ffn"] == Range(7, 9)
+    assert classes["moe"].groups["ffn"] == Range(8, 10)
     assert classes["dense"].groups["ffn"] == Range(3, 3)
     assert classes["moe"].groups["attention"].contains(14)
     assert glm.layer_opening_op == "fused_add_rmsnorm"

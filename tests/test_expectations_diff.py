@@ -74,6 +74,7 @@ def test_ops_added_removed_moved_and_changed(tmp_path):
         tmp_path,
         # moe_sum removed; a new op added
         ('[ops.moe_sum]\ngroup = "ffn"\n', '[ops.shared_add]\ngroup = "ffn"\n'),
+        ('"moe_sum 0-1",', '"shared_add 0-1",'),
         # a GEMM shape and a group changed, fallback dropped
         ('gemm = { n = 2048, k = 2048 }', 'gemm = { n = 2048, k = 1536 }'),
         ('[ops.rope]\ngroup = "attention"', '[ops.rope]\ngroup = "rotary"'),
@@ -91,6 +92,9 @@ def test_ops_added_removed_moved_and_changed(tmp_path):
         "~ ops.cublas_gemm.fallback: true -> false",
         "~ ops.cublas_gemm.description: generic GEMM: in a layer these are the absorption GEMMs of rows 7 and "
         "11 when cuBLAS names them (bf16 path); outside the layers the LM head -> generic GEMM",
+        # the renamed op in the MoE sequence: its place, removed and added
+        "- layers.classes.moe.sequence: moe_sum 0-1 (entry 27)",
+        "+ layers.classes.moe.sequence: shared_add 0-1 (entry 27)",
     ]
 
 
@@ -122,7 +126,7 @@ def test_timeline_steps_model_and_class_changes(tmp_path):
         ("max_imbalance_pct = 10 ", "max_imbalance_pct = 15 "),
         ("uniform = true", "uniform = false"),
         ('shared_experts = "ffn"', 'shared_experts = ["ffn", "deepep"]'),
-        ('groups = { attention = "12-16", ffn = "7-9", deepep = 2 }', 'groups = { attention = "12-16", ffn = "7-10" }'),
+        ('groups = { attention = "12-16", ffn = "8-10", deepep = 2 }', 'groups = { attention = "12-16", ffn = "7-10" }'),
         ("[anchors.sampling]\nexpected = 1 ", "[anchors.sampling]\nexpected = 3 "),
     )
     assert lines(GLM, edited) == [
@@ -138,7 +142,7 @@ def test_timeline_steps_model_and_class_changes(tmp_path):
         "~ ranks.max_imbalance_pct: 10% -> 15%",
         "~ layers.uniform: true -> false",
         "~ layers.modules.shared_experts: ffn -> ffn/deepep",
-        "~ layers.classes.moe.groups.ffn: 7-9 -> 7-10",
+        "~ layers.classes.moe.groups.ffn: 8-10 -> 7-10",
         "- layers.classes.moe.groups.deepep: 2",
     ]
 

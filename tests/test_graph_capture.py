@@ -101,7 +101,7 @@ def test_capture_origins_equal_the_recursive_sql(sample):
     assert [row[:5] for row in ours] == [row[:5] for row in theirs]
     assert {row[5] for row in ours} == {"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx"}
     assert origins["status"].unique().to_list() == [RESOLVED]
-    assert origins.height == 2001  # the decode graph's nodes (the sampling kernel runs eagerly)
+    assert origins.height == 2076  # the decode graph's nodes (the sampling kernel runs eagerly)
     assert set(origins["clone_links"]) == {MANIFEST[sample]["clone_links"]}
 
 
@@ -132,7 +132,7 @@ def test_old_node_table_name_and_long_clone_chains(tmp_path):
     assert sorted(origins.select("graph_node_id", "capture_node_id", "clone_links", "capture_call_start").iter_rows()) \
         == sorted(row[:4] for row in _chains_sql(path, "CUDA_GRAPH_EVENTS"))
     result = nsys_ledger.check(path, GLM)
-    assert result.layers.kernels_by_how() == {"replay_nvtx": 0, "capture_nvtx": 2 * 1998, "inferred": 0, "none": 8}
+    assert result.layers.kernels_by_how() == {"replay_nvtx": 0, "capture_nvtx": 2 * 2073, "inferred": 0, "none": 8}
     assert summary.step_outside_layer_kernels == 4
 
 
@@ -157,7 +157,7 @@ def test_nodes_that_resolve_to_nothing_are_counted(tmp_path):
         (0, NO_NODE_ROW, 21, 84),
     ]
     assert result.layers.kernels_by_how() == {
-        "replay_nvtx": 0, "capture_nvtx": 4 * (1998 - 99), "inferred": 0, "none": 4 * (4 + 99),
+        "replay_nvtx": 0, "capture_nvtx": 4 * (2073 - 99), "inferred": 0, "none": 4 * (4 + 99),
     }
     text = render(result, width=1000)  # unwrapped: the sentences whole
     assert "312 graph kernels (78 nodes) without a capture origin: " + BROKEN_CHAIN in text
@@ -177,8 +177,8 @@ def test_no_capturing_call_falls_back_to_the_node_instant():
     during_capture = pl.col("start").is_between(begin, end) & (pl.col("kind") == "kernel_launch")
     without = dataclasses.replace(trace, api_calls=trace.api_calls.filter(~during_capture))
     result = nsys_ledger.check(without, GLM)
-    assert result.layers.unresolved_graph_nodes.rows() == [(0, NO_CAPTURE_CALL, 2001, 8004)]
-    assert result.layers.kernels_by_how()["capture_nvtx"] == 4 * 1998
+    assert result.layers.unresolved_graph_nodes.rows() == [(0, NO_CAPTURE_CALL, 2076, 8304)]
+    assert result.layers.kernels_by_how()["capture_nvtx"] == 4 * 2073
     per_layer = result.layers.counts.group_by("step", "layer").agg(pl.col("count").sum()).sort("step", "layer")
     truth = MANIFEST["glm5-graph-healthy.sqlite"]["step_layer_kernels"]
     assert per_layer.filter(pl.col("step") == 0)["count"].to_list() == truth

@@ -94,7 +94,7 @@ def checked(hostile):
 def test_counts_survive_hostile_names(checked):
     result = checked
     assert result.verdict == "pass", [f.message for f in result.findings]
-    assert result.step_table["kernels"].to_list() == [2002] * 4
+    assert result.step_table["kernels"].to_list() == [2077] * 4
     assert result.op_table.select("fused_add_rmsnorm", "sparse_mla", "paged_mqa_logits").rows() == [
         (156, 78, 21)] * 4
     # the invalid bytes are replaced, and said so once per table that held them
@@ -149,7 +149,7 @@ def test_json_gives_the_text_back(checked, tmp_path):
     assert doc["trace"]["path"] == checked.trace.path
     assert HOSTILE[:24] in doc["trace"]["path"]
     assert doc["notices"] == list(checked.notices)
-    assert [s["kernels"] for s in doc["steps"]] == [2002] * 4
+    assert [s["kernels"] for s in doc["steps"]] == [2077] * 4
     assert doc["verdict"] == "pass"
 
 
@@ -211,9 +211,9 @@ def many_names(tmp_path_factory) -> Path:
 def test_100k_distinct_kernel_names(many_names, tmp_path):
     result = check(many_names, GLM)
     assert result.verdict == "pass", [f.message for f in result.findings]
-    assert result.totals.kernels == 11_933 + 100_000
-    assert result.trace.kernels["name"].n_unique() == 100_000 + 42
-    assert result.step_table["kernels"].to_list() == [2002] * 4
+    assert result.totals.kernels == 12_383 + 100_000
+    assert result.trace.kernels["name"].n_unique() == 100_000 + 41
+    assert result.step_table["kernels"].to_list() == [2077] * 4
     summary = CliRunner().invoke(main, ["check", str(many_names)])
     assert summary.exit_code == 0
     top = summary.output.split("most launched kernels per step:")[1].strip().split("\n\n")[0].splitlines()
@@ -240,10 +240,10 @@ def test_correlation_ids_reused_across_processes_stay_apart():
     # the one finding is the slow rank the sample was made with
     assert [f.source for f in result.findings] == ["ranks.max_imbalance_pct"]
     table = result.step_table.sort("rank", "step")
-    assert table["kernels"].to_list() == [2002] * 6
+    assert table["kernels"].to_list() == [2077] * 6
     assert table["graph_launches"].to_list() == [1] * 6
     kernels = result.steps.activities.filter(pl.col("decode").fill_null(False) & (pl.col("activity") == "kernel"))
-    assert kernels.height == 6 * 2002  # no kernel met two launch calls (it would be counted twice)
+    assert kernels.height == 6 * 2077  # no kernel met two launch calls (it would be counted twice)
     # every decode kernel found a launch call that came before it: its graph launch or the
     # sampling launch of its own step, never a call of the other process
     assert kernels["api_kind"].null_count() == 0
@@ -269,7 +269,7 @@ def test_step_ranges_never_closed_or_closed_elsewhere_are_not_steps(tmp_path):
     con.close()
     result = check(path, GLM, step_nvtx=r"^decode")
     assert result.steps.method == "nvtx"
-    assert result.step_table.select("step", "kernels").rows() == [(0, 2002), (1, 2002), (2, 2002), (3, 2002)]
+    assert result.step_table.select("step", "kernels").rows() == [(0, 2077), (1, 2077), (2, 2077), (3, 2077)]
     assert result.trace.nvtx.filter(pl.col("name") == "decode bs=32").height == 4 + 2
 
 

@@ -109,18 +109,18 @@ def test_count_and_step_axes_tick_whole_numbers(broken_fusion):
 def test_failing_sample_page_leads_with_the_verdict_and_the_failing_anchor(broken_fusion):
     page = render_html(broken_fusion)
     verdict_at = page.index('id="verdict"')
-    assert "FAIL: 4 finding(s) in 18 checks on 4 decode steps" in page[verdict_at:verdict_at + 200]
+    assert "FAIL: 6 finding(s) in 20 checks on 4 decode steps" in page[verdict_at:verdict_at + 200]
     assert page.index("[anchors.per_token_group_quant]") < page.index('id="ledger"')
     assert "per_token_group_quant kernels: 231 per step, expected 75 (= moe_layers)" in page
     assert "231 ×4" in page and "156 ×4" in page  # per-step distributions in the ledger table
     assert "hint: extra quantization kernels: a fusion broke" in page
-    assert "the kernels of the 2 step(s) drawn here only (4,316 of 8,632 decode kernels)" in page
+    assert "the kernels of the 2 step(s) drawn here only (4,466 of 8,932 decode kernels)" in page
 
 
 def test_healthy_sample_page_passes_and_names_what_it_checked(expectations):
     result = nsys_ledger.check(SAMPLES / "glm5-graph-healthy.sqlite", expectations)
     page = render_html(result)
-    assert '<header class="banner pass" id="verdict"><h1>PASS: all 18 checks passed on 4 decode steps</h1>' in page
+    assert '<header class="banner pass" id="verdict"><h1>PASS: all 20 checks passed on 4 decode steps</h1>' in page
     for name in ("anchor fused_add_rmsnorm", "anchor sparse_mla", "anchor paged_mqa_logits", "total kernels per step",
                  "H2D copies per step", "graph launches per step", "gaps above 2 us"):
         assert f"<td>{name}</td>" in page
@@ -181,7 +181,7 @@ def test_failing_sample_in_chromium_shows_verdict_anchor_and_heatmap(browser, br
     page, messages = open_page(browser, report)
     assert page.evaluate("document.body.dataset.charts") == "ready"
     assert [m for m in messages if m[0] in ("error", "pageerror")] == []
-    assert page.inner_text("#verdict h1") == "FAIL: 4 finding(s) in 18 checks on 4 decode steps"
+    assert page.inner_text("#verdict h1") == "FAIL: 6 finding(s) in 20 checks on 4 decode steps"
     failing_row = page.locator("table.ledger tr", has_text="anchors.per_token_group_quant")
     assert failing_row.locator("td").first.inner_text() == "FAIL"
     assert "231 ×4" in failing_row.inner_text()

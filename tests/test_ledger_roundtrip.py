@@ -79,7 +79,8 @@ def test_glm_round_trip(tmp_path):
         'layers = { first = "dense_layers", last = "layers - 1" }',
         'layers = "0-2, 6-74/4"',
         'count = "full_indexer_layers"',
-        'groups = { attention = "12-16", ffn = "7-9", deepep = 2 }',
+        'groups = { attention = "12-16", ffn = "8-10", deepep = 2 }',
+            'insert_before = "q_b_proj"',
         'mlp = ["ffn", "deepep"]',
         "step_entry_max_us = 10",
     ):

@@ -82,7 +82,7 @@ def test_findings_are_judged_over_all_ranks(stacked):
 
 
 def test_totals_add_up_and_events_stay_in_the_workers(stacked, singles):
-    assert stacked.totals.kernels == sum(r.totals.kernels for r in singles) == 44_664
+    assert stacked.totals.kernels == sum(r.totals.kernels for r in singles) == 46_314
     assert stacked.totals.h2d_copies == 54
     assert stacked.step_table.height == 14
     assert stacked.steps.activities.height == 0 and stacked.trace.kernels.height == 0
@@ -92,9 +92,9 @@ def test_totals_add_up_and_events_stay_in_the_workers(stacked, singles):
 def test_events_travel_back_when_asked_for(expectations, singles):
     kept = check_many(FILES[1:], expectations, keep_events=True)
     activities = kept.steps.activities
-    assert activities.height == singles[1].steps.activities.height + singles[2].steps.activities.height == 24_832
+    assert activities.height == singles[1].steps.activities.height + singles[2].steps.activities.height == 25_732
     assert activities["rank"].drop_nulls().unique().sort().to_list() == [0, 1]
-    assert kept.trace.kernels.height == 11_933 + 12_869
+    assert kept.trace.kernels.height == 12_383 + 13_319
     assert kept.step_table.equals(pl.concat([singles[1].step_table, singles[2].step_table.with_columns(
         pl.col("rank") + 1)]))
 
@@ -103,7 +103,7 @@ def test_one_file_is_a_plain_check(expectations, singles):
     one = check_many([FILES[1]], expectations)
     assert one.files == ()
     assert one.step_table.equals(singles[1].step_table)
-    assert one.trace.kernels.height == singles[1].trace.kernels.height == 11_933
+    assert one.trace.kernels.height == singles[1].trace.kernels.height == 12_383
 
 
 def test_a_bad_file_among_good_ones_names_that_file(tmp_path, expectations):
@@ -168,7 +168,7 @@ def test_cli_checks_several_files_and_lists_them(tmp_path):
     doc = json.loads(out.read_text())
     assert doc["files"] == [{"path": str(HEALTHY), "ranks": [0]}, {"path": str(BROKEN_FUSION), "ranks": [1]}]
     assert [(s["rank"], s["index"]) for s in doc["steps"]] == [(r, i) for r in (0, 1) for i in range(4)]
-    assert doc["totals"]["kernels"] == 11_933 + 12_869
+    assert doc["totals"]["kernels"] == 12_383 + 13_319
 
 
 def test_json_of_one_file_lists_it_with_its_ranks(tmp_path):

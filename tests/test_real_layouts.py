@@ -97,44 +97,50 @@ def test_layers_inferred_without_nvtx_for_each_deepgemm_layout(tmp_path, glm, la
     faulted = tmp_path / "layer41.sqlite"
     generate(faulted, mode="graph", steps=2, layerwise_nvtx=False, deepgemm_layout=layout, faults=("layer_fault",))
     result = nsys_ledger.check(faulted, glm)
-    assert [(f.check, f.layers, f.subject) for f in result.findings] == [("layer", "41", "ungrouped")]
-    assert "one extra `elementwise_kernel` after" in result.findings[0].message
+    assert [(f.check, f.layers, f.subject) for f in result.findings] == [("layer_sequence", "41", "elementwise_kernel")]
+    assert result.findings[0].message.startswith(
+        "layer 41: + elementwise_kernel after bmm (after moe sequence entry 12 of 27), in 2 of 2 steps")
 
 
 def test_b200_dense_gemms_fall_back_and_say_so(tmp_path, glm):
     """sm100 dense DeepGEMM names show `0u, 0u, 0u`: the projections cannot be told apart by
-    name, so they count as the generic fallback, and the op coverage says how many."""
+    name, so the generic fallback claims them and their place in the layer's sequence gives
+    them their op; the op coverage counts what stays generic (the shared expert's and the dense
+    MLP's GEMMs, which the sequence itself calls deepgemm_dense)."""
     path = tmp_path / "b200.sqlite"
     generate(path, mode="graph", steps=2, deepgemm_layout="b200")
     result = nsys_ledger.check(path, glm)
     coverage = result.coverage
     fallback = coverage.top("fallback", 20)
     dense = fallback.filter(pl.col("op") == "deepgemm_dense")
-    assert dense["per_step"].sum() > 2 * 78  # qkv_a, q_b, o_proj of every layer among them
+    assert dense["per_step"].sum() == 2 * 75 + 2 * 3  # shared gate_up/down, dense gate_up/down
+    ops = result.op_table
+    assert set(ops["qkv_a_proj"]) == set(ops["q_b_proj"]) == set(ops["o_proj"]) == {78}
     assert result.layers.kernels_by_how()["capture_nvtx"] > 0
     # with the capture-time module NVTX the fallback GEMMs still count in their layer's group
     assert result.verdict == "pass", [f.message for f in result.findings]
 
 
 def test_op_coverage_in_terminal_json_and_html(glm):
-    """How much of the step the ledger names: 1668 kernels per step by a specific op, 334 only by
-    a fallback (the 2x78 cuBLAS absorption GEMMs and the shared/dense DeepGEMM GEMMs: 78 + 78 +
-    75 + 75 + 3 + 3 + 21 wk + 1 LM head), none unnamed."""
+    """How much of the step the ledger names: 1920 kernels per step by a specific op, 157 only by
+    a fallback (the shared expert's and dense MLP's DeepGEMM GEMMs, 75 + 75 + 3 + 3, and the LM
+    head), none unnamed. The cuBLAS absorption bmms, the router and the indexer's wk GEMM
+    (tile-named) get their op from their place in the layer's sequence."""
     from nsys_ledger.report.html import render_html
 
     result = nsys_ledger.check(SAMPLES / "glm5-graph-healthy.sqlite", glm)
     cov = result.coverage
-    assert (cov.kernels("specific"), cov.kernels("fallback"), cov.kernels("no_op")) == (4 * 1668, 4 * 334, 0)
+    assert (cov.kernels("specific"), cov.kernels("fallback"), cov.kernels("no_op")) == (4 * 1920, 4 * 157, 0)
     text = click.unstyle(render(result, width=1000))  # unwrapped: the sentences whole
     # integers as integers: the counts per step are whole here
-    assert ("ops       2,002 decode kernels per step: specific op 1,668 (83.3%), generic fallback 334 (16.7%), "
+    assert ("ops       2,077 decode kernels per step: specific op 1,920 (92.4%), generic fallback 157 (7.6%), "
             "no op 0 (0.0%)") in text
-    assert "fallback      75/step  deepgemm_dense: deep_gemm::sm90_fp8_gemm_1d2d_impl (N=512 K=6144, normal)" in text
+    assert "fallback      75/step  deepgemm_dense: deep_gemm::sm90_fp8_gemm_1d2d_impl (N=4096 K=6144, normal)" in text
     doc = result_document(result)["op_coverage"]
-    assert (doc["decode_kernels"], doc["steps"]) == (8008, 4)
-    assert doc["specific"] == {"kernels": 6672, "per_step": 1668.0, "share": 0.8332}
+    assert (doc["decode_kernels"], doc["steps"]) == (8308, 4)
+    assert doc["specific"] == {"kernels": 7680, "per_step": 1920.0, "share": 0.9244}
     assert doc["no_op"]["kernels"] == 0 and doc["top_no_op"] == []
-    assert [(t["op"], t["per_step"]) for t in doc["top_fallback"][:2]] == [("cublas_gemm", 78.0)] * 2
+    assert [(t["op"], t["per_step"]) for t in doc["top_fallback"][:2]] == [("deepgemm_dense", 75.0)] * 2
     page = render_html(result)
     assert '<h2 id="op-coverage">Op coverage</h2>' in page and "only a generic fallback op" in page
 

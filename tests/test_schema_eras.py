@@ -89,12 +89,12 @@ def test_every_layout_checks_the_same(exports, version):
     path, summary = exports(version)
     result = check(path, GLM)
     assert result.verdict == "pass", [f.message for f in result.findings]
-    assert result.step_table["kernels"].to_list() == [2002, 2002]
+    assert result.step_table["kernels"].to_list() == [2077, 2077]
     anchors = result.op_table.select("fused_add_rmsnorm", "sparse_mla", "paged_mqa_logits", "per_token_group_quant")
     assert anchors.rows() == [(156, 78, 21, 75), (156, 78, 21, 75)]
     assert result.step_table["graph_launches"].to_list() == [1, 1]
     assert result.step_table["h2d"].to_list() == [3, 3]
-    assert summary.kernels_per_step == 2002
+    assert summary.kernels_per_step == 2077
     meta = result.trace.meta
     assert (meta.nsys_version, meta.schema_version, meta.version_source) == VERSION_FACTS[version]
     assert meta.cuda_graph_trace == "node"
@@ -103,8 +103,8 @@ def test_every_layout_checks_the_same(exports, version):
         (0, "NVIDIA H200", 132, "9.0")]
     # every capture-time node and every exec clone is in the node frame, whatever its table
     nodes = result.trace.graph_nodes
-    assert nodes.filter(nodes["original_graph_node_id"].is_null()).height == summary.capture_nodes == 2001
-    assert nodes.filter(nodes["original_graph_node_id"].is_not_null()).height == 2001
+    assert nodes.filter(nodes["original_graph_node_id"].is_null()).height == summary.capture_nodes == 2076
+    assert nodes.filter(nodes["original_graph_node_id"].is_not_null()).height == 2076
 
 
 @pytest.mark.parametrize("version, fault, source, observed", [
@@ -119,8 +119,8 @@ def test_faults_are_found_in_old_layouts(exports, version, fault, source, observ
     assert [f.source for f in result.findings if f.check == "anchor"] == [source]
     assert f"{observed} per step" in result.findings[0].message
     # the per-layer ledger names the layers too: capture-time attribution works in every layout
-    per_layer = [f.layers for f in result.findings if f.check == "layer"]
-    assert per_layer == {"broken_fusion": ["0", "1-2", "3-77"],
+    per_layer = [f.layers for f in result.findings if f.check in ("layer", "layer_sequence")]
+    assert per_layer == {"broken_fusion": ["0-2", "1-2", "3-77", "3-77"],
                          "chunked_indexer": ["0-2, 6, 10, 14, 18, 22, 26, 30, 34, 38, 42, 46, 50, 54, 58, 62, 66, "
                                              "70, 74"]}[fault]
 
@@ -129,11 +129,11 @@ def test_eager_2021_with_driver_launches_checks(exports):
     path, summary = exports("2021", mode="eager", step_nvtx=True)
     result = check(path, GLM)
     assert result.steps.method == "marker"
-    assert result.step_table["kernels"].to_list() == [2002, 2002]
-    assert result.step_table["cpu_submissions"].to_list() == [2002 + 3, 2002 + 3]
+    assert result.step_table["kernels"].to_list() == [2077, 2077]
+    assert result.step_table["cpu_submissions"].to_list() == [2077 + 3, 2077 + 3]
     # as in the 2026 eager sample: every count is right, the GPU waits for the host
     assert {f.check for f in result.findings} == {"gaps"}
-    assert summary.launch_calls_per_step == 2002
+    assert summary.launch_calls_per_step == 2077
 
 
 # ---- what makes each era different, in plain SQL ------------------------------------------------
@@ -152,7 +152,7 @@ def test_2021_layout(exports):
     launches = dict(con.execute(
         "SELECT s.value, count(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s ON s.id = r.nameId "
         "WHERE s.value LIKE '%Launch%' GROUP BY s.value"))
-    # warm-up 2001 + capture 2001 + prefill + per step the sampling kernel: all through the driver
+    # warm-up 2076 + capture 2076 + prefill + per step the sampling kernel: all through the driver
     assert set(launches) == {"cuLaunchKernel", "cuGraphLaunch"}
     assert launches["cuGraphLaunch"] == STEPS
     assert con.execute("SELECT DISTINCT r.eventClass FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s "
@@ -189,7 +189,7 @@ def test_node_table_is_cuda_graph_events_up_to_2023_3(exports, version):
     assert "CUDA_GRAPH_NODE_EVENTS" not in _tables(con)
     assert _columns(con, "CUDA_GRAPH_EVENTS") == ["start", "end", "eventClass", "globalTid", "nameId",
                                                   "graphNodeId", "originalGraphNodeId"]
-    assert con.execute("SELECT count(*) FROM CUDA_GRAPH_EVENTS").fetchone()[0] == 2 * 2001
+    assert con.execute("SELECT count(*) FROM CUDA_GRAPH_EVENTS").fetchone()[0] == 2 * 2076
 
 
 @pytest.mark.parametrize("version, green, graph_id, copy_count", [
@@ -208,7 +208,7 @@ def test_columns_added_from_2024(exports, version, green, graph_id, copy_count):
         assert {"CUDA_GRAPH_NODE_EVENTS", "CUDA_GRAPH_EVENTS", "META_DATA_CAPTURE"} <= _tables(con)
         assert _columns(con, "CUDA_GRAPH_EVENTS")[5:] == ["graphId", "originalGraphId", "graphExecId"]
     replayed = load_trace(path).kernels.filter(pl.col("graph_node_id").is_not_null())
-    assert replayed.height == STEPS * 2001
+    assert replayed.height == STEPS * 2076
     assert replayed["graph_id"].null_count() == (0 if graph_id else replayed.height)
 
 

@@ -169,7 +169,7 @@ def test_one_graph_launch_per_step_and_correlation(healthy):
         "SELECT globalPid, correlationId, count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL "
         "WHERE graphNodeId IS NOT NULL GROUP BY 1, 2").fetchall()
     assert {(g, c) for g, c, _n in graph_kernels} == launch_corr
-    assert [n for _g, _c, n in graph_kernels] == [2001] * STEPS
+    assert [n for _g, _c, n in graph_kernels] == [2076] * STEPS
     # graph kernels carry the graph id of the captured graph (CUDA_GRAPH_EVENTS 95 / 94)
     (gid,) = con.execute("SELECT DISTINCT graphId FROM CUPTI_ACTIVITY_KIND_KERNEL "
                          "WHERE graphNodeId IS NOT NULL").fetchone()
@@ -202,7 +202,7 @@ def test_graph_nodes_lead_back_to_capture_launches(healthy):
     kernel_nodes = [r[0] for r in con.execute(
         "SELECT DISTINCT graphNodeId FROM CUPTI_ACTIVITY_KIND_KERNEL "
         "WHERE graphNodeId IS NOT NULL")]
-    assert len(kernel_nodes) == 2001
+    assert len(kernel_nodes) == 2076
     for nid in kernel_nodes:
         seen = set()
         cur = nid
@@ -258,7 +258,7 @@ def test_healthy_step_counts(healthy):
     for c in _per_launch_counts(path):
         total = sum(c.values()) + 1  # + the eager sampling kernel
         assert 1800 <= total <= 2200
-        assert total == 2002
+        assert total == 2077
         assert _count(c, FUSED) == 156
         assert _count(c, SPARSE_MLA) == 78
         assert _count(c, PAGED_LOGITS) == 21
@@ -266,8 +266,8 @@ def test_healthy_step_counts(healthy):
         assert _count(c, r"cross_device_reduce_1stage") == 78
         assert _count(c, r"deep_ep::internode_ll::(dispatch|combine)") == 150
         assert _count(c, r"TopKTopPSamplingFromProbKernel") == 0  # sampling is not in the graph
-    assert s.kernels_per_step == 2002
-    assert s.step_group_counts == {"attention": 1092, "indexer": 147, "moe": 600, "deepep": 150,
+    assert s.kernels_per_step == 2077
+    assert s.step_group_counts == {"attention": 1092, "indexer": 147, "moe": 675, "deepep": 150,
                                    "dense_mlp": 9, "outside": 4}
     con = _ro(path)
     n_sampling = con.execute(
@@ -283,7 +283,7 @@ def test_broken_fusion_adds_one_quant_per_norm(gen, healthy):
     for c in _per_launch_counts(path):
         assert _count(c, GROUP_QUANT) - _count(base, GROUP_QUANT) == 156
         assert _count(c, FUSED) == 156
-    assert s.kernels_per_step == 2002 + 156
+    assert s.kernels_per_step == 2077 + 156
 
 
 def test_chunked_indexer_triples_logits(gen):
@@ -296,8 +296,8 @@ def test_chunked_indexer_triples_logits(gen):
 def test_layer_fault_adds_one_kernel(gen):
     path, s = gen("layer41", faults=("layer_fault",))
     for c in _per_launch_counts(path):
-        assert sum(c.values()) == 2002
-    assert s.kernels_per_step == 2003
+        assert sum(c.values()) == 2077
+    assert s.kernels_per_step == 2078
 
 
 def test_split_graph_two_launches_every_kernel_once(gen, healthy):
@@ -484,7 +484,7 @@ def test_eager_one_launch_call_per_kernel(gen):
                         "ON s.id = r.nameId WHERE r.start >= ? AND r.end <= ? AND s.value IN "
                         f"({','.join('?' * len(LAUNCH_NAMES))})", (lo, hi, *LAUNCH_NAMES)
                         ).fetchone()[0]
-        assert n == 2002
+        assert n == 2077
     # host bound: many small gaps in every decode step
     assert all(t.gaps_over_threshold > 500 for t in s.step_truth)
 
@@ -526,7 +526,7 @@ def test_unknown_fault_rejected(tmp_path):
         generate(tmp_path / "x.sqlite", faults=("nope",))
     assert set(FAULTS) == {"broken_fusion", "chunked_indexer", "extra_gaps", "extra_h2d",
                            "split_graph", "layer_fault", "pageable_h2d", "extra_gaps_host",
-                           "extra_gaps_sync", "extra_gaps_collective", "extra_gaps_graph"}
+                           "extra_gaps_sync", "extra_gaps_collective", "extra_gaps_graph", "missing_kernel"}
 
 
 def test_graph_boundary_fault_needs_graph_mode(tmp_path):
@@ -640,7 +640,7 @@ QKV_A_BY_LAYOUT = {
 
 @pytest.mark.parametrize("layout", ["sglang-2026", "2025-07", "2025-02", "b200"])
 def test_deepgemm_layout_names_in_the_trace(gen, layout):
-    """Every layout: 2002 kernels per healthy step, the layout's own qkv_a name (78 per step),
+    """Every layout: 2077 kernels per healthy step, the layout's own qkv_a name (78 per step),
     150 masked grouped GEMMs (GemmType 2, the shape N, K in the name), 411 dense ones, and
     GemmType never the first template argument."""
     if layout == "sglang-2026":
@@ -648,11 +648,12 @@ def test_deepgemm_layout_names_in_the_trace(gen, layout):
     else:
         path, s = gen(f"layout-{layout}", deepgemm_layout=layout)
     assert s.deepgemm_layout == layout
-    assert s.kernels_per_step == 2002
+    assert s.kernels_per_step == 2077
     for c in _per_launch_counts(path):
-        assert sum(c.values()) + 1 == 2002
-        # B200's narrow dense GEMMs share one name: qkv_a, q_b, shared and dense gate_up
-        assert c[QKV_A_BY_LAYOUT[layout]] == (78 + 78 + 75 + 3 if layout == "b200" else 78)
+        assert sum(c.values()) + 1 == 2077
+        # B200's narrow dense GEMMs share one name: qkv_a, q_b and the dense gate_up (the
+        # replicated shared expert's gate_up, N=4096, takes the wide configuration)
+        assert c[QKV_A_BY_LAYOUT[layout]] == (78 + 78 + 3 if layout == "b200" else 78)
         assert _count(c, r"\(deep_gemm::GemmType\)2") == 150
         assert _count(c, r"\(deep_gemm::GemmType\)0") == 411  # 78 x 3 + 21 + 75 x 2 + 3 x 2
         assert _count(c, r"\(deep_gemm::GemmType\)1") == 0  # contiguous: prefill only
@@ -661,7 +662,9 @@ def test_deepgemm_layout_names_in_the_trace(gen, layout):
         gate_up = {"2025-02": "<(unsigned int)4096, (unsigned int)6144, ",
                    "b200": "(unsigned int)0, (unsigned int)4096, (unsigned int)6144, "}.get(
             layout, "(unsigned int)0, (unsigned int)4096, (unsigned int)6144, (unsigned int)32, ")
-        assert _count(c, re.escape(gate_up)) == 75
+        # 2025-02 names lead with N, K only, so the replicated shared expert's gate_up (the same
+        # N=4096, K=6144, ungrouped) reads the same there
+        assert _count(c, re.escape(gate_up)) == (150 if layout == "2025-02" else 75)
     # the prefill runs the contiguous grouped GEMMs (GemmType 1)
     con = _ro(path)
     n_contig = con.execute(
@@ -795,8 +798,8 @@ def test_synth_command_prints_one_line(tmp_path):
     assert result.exit_code == 0, result.output
     assert result.output.count("\n") == 1
     line = result.output.strip()
-    assert line.startswith(f"wrote {out}: graph mode, 2 decode steps, 2003 kernels per step "
-                           "(2002 replayed + sampling), step-entry launch gap ")
+    assert line.startswith(f"wrote {out}: graph mode, 2 decode steps, 2078 kernels per step "
+                           "(2077 replayed + sampling), step-entry launch gap ")
     assert line.endswith(" us, faults: layer_fault, DeepGEMM layout 2025-02, nsys-2026.2 export")
     assert "deep_gemm::" not in line
     con = _ro(out)

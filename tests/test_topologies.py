@@ -13,7 +13,7 @@ import hashlib
 from pathlib import Path
 
 import pytest
-from finding_sets import failures
+from finding_sets import failures, layers_named
 from click.testing import CliRunner
 
 import nsys_ledger
@@ -74,16 +74,16 @@ def test_schedules_count_what_the_seed_and_the_configs_say():
     dp8 = decode_schedule(32, topology=DP8)
     mtp = decode_schedule(32, topology=MTP)
     dsv32 = decode_schedule(32, topology=DSV32)
-    assert len(tp8) + 1 == 2002
+    assert len(tp8) + 1 == 2077
     # DP attention: 78 attention AllReduces gone, 78 AllGathers + 78 ReduceScatters (the seed's 156)
     assert dp8.counts_by_group()["dp_comm"] == 156
     assert dp8.counts_by_group()["attention"] == 1092 - 78
-    assert len(dp8) + 1 == 2002 - 78 + 156 == 2080
-    # MTP: draft (2) + verify (the 2001-kernel target pass) + draft_extend (the MTP layer, 40)
-    assert mtp.graph_starts == (2, 2003) and len(mtp) == 2043 and mtp.sampling_after_graph == 1
+    assert len(dp8) + 1 == 2077 - 78 + 156 == 2155
+    # MTP: draft (2) + verify (the 2076-kernel target pass) + draft_extend (the MTP layer, 41)
+    assert mtp.graph_starts == (2, 2078) and len(mtp) == 2119 and mtp.sampling_after_graph == 1
     assert mtp.layer_counts() == tp8.layer_counts()  # the verify pass is the target model
     # DeepSeek-V3.2: 61 layers, 3 dense, the indexer on every layer
-    assert dsv32.counts_by_group() == {"attention": 14 * 61, "indexer": 7 * 61, "moe": 8 * 58,
+    assert dsv32.counts_by_group() == {"attention": 14 * 61, "indexer": 7 * 61, "moe": 9 * 58,
                                        "deepep": 2 * 58, "dense_mlp": 9, "outside": 4}
     assert len(dsv32.layer_counts()) == 61
 
@@ -123,7 +123,7 @@ def test_synth_command_takes_a_topology(tmp_path):
     out = tmp_path / "mtp.sqlite"
     result = CliRunner().invoke(main, ["synth", str(out), "--topology", MTP, "--steps", "2"])
     assert result.exit_code == 0, result.output
-    assert result.output.startswith(f"wrote {out}: {MTP}, graph mode, 2 decode steps, 2044 kernels per step")
+    assert result.output.startswith(f"wrote {out}: {MTP}, graph mode, 2 decode steps, 2120 kernels per step")
     bad = CliRunner().invoke(main, ["synth", str(out), "--topology", MTP, "--mode", "eager"])
     assert bad.exit_code == 2 and "graph mode" in bad.output
 
@@ -135,7 +135,7 @@ def test_dp8_ledger_passes_its_healthy_sample(checked):
     result = checked(TOPOLOGY_SAMPLES[DP8][0], EXPECTATIONS / f"{DP8}.toml")
     assert result.verdict == "pass", [f.message for f in result.findings]
     assert result.step_table.height == 4
-    assert _per_step(result, "kernels") == {2080}
+    assert _per_step(result, "kernels") == {2155}
     assert _op_per_step(result, "dp_gather") == _op_per_step(result, "dp_reduce_scatter") == {78}
     assert _op_per_step(result, "allreduce") == {0}
     assert _op_per_step(result, "q_b_proj") == _op_per_step(result, "o_proj") == {78}
@@ -146,8 +146,12 @@ def test_dp8_ledger_names_the_broken_fusion(checked):
     assert result.verdict == "fail"
     anchor = next(f for f in result.findings if f.check == "anchor")
     assert (anchor.subject, anchor.observed, anchor.expected) == ("per_token_group_quant", "231", "75 (= moe_layers)")
-    assert {(f.subject, f.layers) for f in result.findings if f.check == "layer"} == {
-        ("ffn", "0"), ("ffn", "1-2"), ("ffn", "3-77")}
+    # one extra quant after each norm, each fault once at its place in the class's sequence
+    assert {(f.source, f.layers, f.observed) for f in result.findings if f.check == "layer_sequence"} == {
+        ("layers.classes.dense.sequence", "0-2", "+ per_token_group_quant"),
+        ("layers.classes.dense.sequence", "1-2", "+ per_token_group_quant"),
+        ("layers.classes.moe.sequence", "3-77", "+ per_token_group_quant")}
+    assert len([f for f in result.findings if f.check == "layer_sequence"]) == 4
 
 
 def test_mtp_ledger_passes_its_healthy_sample_with_three_replays_per_step(checked):
@@ -158,7 +162,7 @@ def test_mtp_ledger_passes_its_healthy_sample_with_three_replays_per_step(checke
     assert result.step_table.height == 3
     assert _per_step(result, "graph_launches") == {3}
     assert _per_step(result, "step_entry_gaps") == {2}  # step entry and verify wait on their launch
-    assert _per_step(result, "kernels") == {2044}
+    assert _per_step(result, "kernels") == {2120}
     assert _op_per_step(result, "sampling") == {1}
     assert _op_per_step(result, "sparse_mla") == {79} and _op_per_step(result, "paged_mqa_logits") == {22}
 
@@ -174,7 +178,7 @@ def test_mtp_ledger_names_the_missing_draft_replay(checked):
 def test_deepseek_ledger_passes_its_healthy_sample(checked):
     result = checked(TOPOLOGY_SAMPLES[DSV32][0], EXPECTATIONS / f"{DSV32}.toml")
     assert result.verdict == "pass", [f.message for f in result.findings]
-    assert _per_step(result, "kernels") == {1874}
+    assert _per_step(result, "kernels") == {1932}
     assert _op_per_step(result, "fused_add_rmsnorm") == {122}
     assert _op_per_step(result, "sparse_mla") == _op_per_step(result, "paged_mqa_logits") == {61}
     assert _op_per_step(result, "deepep_dispatch") == {58}
@@ -185,8 +189,8 @@ def test_deepseek_ledger_names_layer_41(checked):
     result = checked(TOPOLOGY_SAMPLES[DSV32][1], EXPECTATIONS / f"{DSV32}.toml")
     assert result.verdict == "fail"
     [finding] = result.findings
-    assert (finding.check, finding.subject, finding.layers) == ("layer_uniform", "attention", "41")
-    assert (finding.observed, finding.expected) == ("15", "14")
+    assert (finding.check, finding.subject, finding.layers) == ("layer_sequence", "elementwise_kernel", "41")
+    assert finding.message.startswith("layer 41: + elementwise_kernel after bmm (after moe sequence entry 12 of 27)")
 
 
 # ---- learn: the round trip ---------------------------------------------------------------------
@@ -217,11 +221,12 @@ def test_learned_ledger_fails_the_fault_like_the_hand_written_one(learned, check
     hand = checked(faulted, EXPECTATIONS / f"{topology}.toml")
     from_healthy = checked(faulted, learned[topology])
     assert hand.verdict == from_healthy.verdict == "fail"
-    hand_anchors, hand_layers = failures(hand)
-    learned_anchors, learned_layers = failures(from_healthy)
+    hand_anchors, _ = failures(hand)
+    learned_anchors, _ = failures(from_healthy)
     assert hand_anchors <= learned_anchors
-    assert {g: layers for g, layers in learned_layers.items() if g in hand_layers} == hand_layers
-    hand_checks = {f.check for f in hand.findings} - {"anchor", "layer", "layer_uniform"}
+    # the same layers named, whether by a group count or by an edit of the layer's sequence
+    assert layers_named(from_healthy) == layers_named(hand)
+    hand_checks = {f.check for f in hand.findings} - {"anchor", "layer", "layer_uniform", "layer_sequence"}
     assert hand_checks <= {f.check for f in from_healthy.findings}
 
 
@@ -229,10 +234,10 @@ def test_learned_ledgers_keep_the_topologies_figures(learned):
     dp8, mtp, dsv32 = (load_expectations(learned[t]) for t in (DP8, MTP, DSV32))
     dp8_anchors = {a.op: a.expected.low for a in dp8.anchors}
     assert (dp8_anchors["dp_gather"], dp8_anchors["dp_reduce_scatter"]) == (78, 78)
-    assert (dp8.total.low, dp8.total.high) == (2080, 2080)
+    assert (dp8.total.low, dp8.total.high) == (2155, 2155)
     assert mtp.graph_launches_per_step.low == mtp.graph_launches_per_step.high == 3
-    assert (mtp.total.low, mtp.total.high) == (2044, 2044)
-    assert (dsv32.total.low, dsv32.total.high) == (1874, 1874)
+    assert (mtp.total.low, mtp.total.high) == (2120, 2120)
+    assert (dsv32.total.low, dsv32.total.high) == (1932, 1932)
     assert {a.op: a.expected.low for a in dsv32.anchors}["paged_mqa_logits"] == 61
 
 
@@ -244,4 +249,4 @@ def test_ledger_learned_without_the_draft_replay_fails_the_healthy_mtp_sample(tm
     result = nsys_ledger.check(SAMPLES / TOPOLOGY_SAMPLES[MTP][0], load_expectations(path))
     found = {(f.check, f.subject): (f.observed, f.expected) for f in result.findings}
     # one replay more than the ledger allows reads as a graph break
-    assert found == {("graph_break", "graph_launches"): ("3", "2"), ("total", "kernels"): ("2044", "2042")}
+    assert found == {("graph_break", "graph_launches"): ("3", "2"), ("total", "kernels"): ("2120", "2118")}

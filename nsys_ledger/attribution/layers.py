@@ -21,12 +21,13 @@ sub-module, which the expectations map to ledger groups ([layers.modules]).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import polars as pl
 
 from nsys_ledger.attribution.graph_capture import NO_CAPTURE_CALL, RESOLVED, capture_origins
 from nsys_ledger.attribution.nvtx_projection import innermost_range_ids, projectable_ranges
+from nsys_ledger.attribution.sequence import EDIT_SCHEMA, place_ops
 from nsys_ledger.frames import left_join_keys, packed_key
 from nsys_ledger.ledger.model import Expectations, LayerRule
 from nsys_ledger.trace.model import Trace
@@ -77,6 +78,7 @@ class LayerAttribution:
     capture: pl.DataFrame  # capture origin of every graph node id seen (graph_capture.ORIGIN_SCHEMA)
     inferred: pl.DataFrame  # INFERRED_SCHEMA: the steps whose layers were inferred
     notes: tuple[str, ...]
+    edits: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=EDIT_SCHEMA))  # sequence.EDIT_SCHEMA: how layers differ from their sequence
 
 
 def attribute_layers(
@@ -114,6 +116,9 @@ def attribute_layers(
     notes: list[str] = []
     if expectations is not None and expectations.layer_opening_op:
         attributed, inferred_steps, notes = _infer_where_missing(attributed, expectations)
+    edits = pl.DataFrame(schema=EDIT_SCHEMA)
+    if expectations is not None and any(c.sequence for c in expectations.layer_classes):
+        attributed, edits = _place_by_sequence(attributed, expectations)
     attributed = attributed.with_columns(layer_group(rule).alias("layer_group")).with_columns(
         pl.col(name).cast(dtype) for name, dtype in LAYER_COLUMNS.items()
     )
@@ -123,7 +128,31 @@ def attribute_layers(
         capture=capture,
         inferred=inferred_steps.select(list(INFERRED_SCHEMA)).cast(INFERRED_SCHEMA),
         notes=tuple(notes),
+        edits=edits,
     )
+
+
+def _place_by_sequence(activities: pl.DataFrame, expectations: Expectations) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Each decode kernel of a layer whose class declares a sequence gets the op of the place
+    it fills (attribution.sequence), and its group with it; kernels that fill no place keep
+    their op. Returns the activities and the layers' edits (sequence.EDIT_SCHEMA)."""
+    in_layers = (
+        activities.with_row_index("_position")
+        .filter(pl.col("decode").fill_null(False) & (pl.col("activity") == "kernel") & pl.col("layer").is_not_null())
+        .with_columns(pl.coalesce("api_start", "start").alias("_launched"))
+        .sort("rank", "step", "layer", "_launched", "capture_time", "start", nulls_last=True, maintain_order=True)
+        .select("_position", "rank", "step", "layer", "stream", "name", "op")
+    )
+    placed, edits = place_ops(in_layers, expectations)
+    if placed.height == 0:
+        return activities, edits
+    group_of = {name: op.group for name, op in expectations.ops.items()}
+    positions = placed["_position"].cast(pl.Int64)
+    groups = placed["placed_op"].replace_strict(group_of, default=None, return_dtype=pl.Utf8)
+    return activities.with_columns(
+        activities["op"].scatter(positions, placed["placed_op"]).alias("op"),
+        activities["group"].scatter(positions, groups).alias("group"),
+    ), edits
 
 
 # ---- NVTX ---------------------------------------------------------------------------------

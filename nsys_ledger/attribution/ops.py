@@ -82,6 +82,17 @@ class OpClassifier:
         return OpMatch(UNMATCHED_OP, None, BY_NOTHING, "", False)
 
 
+    def all_matches(self, kernel_name: str) -> tuple[str, ...]:
+        """Every declared op whose pattern or GEMM shape matches, in declaration order: the ops a
+        kernel of this name could be, of which `classify` names the first."""
+        signature = gemm_signature(kernel_name) if self._reads_shapes else None
+        return tuple(
+            op.name for op, patterns in self._ops
+            if (signature is not None and any(gemm_matches(s, signature) for s in op.gemm))
+            or any(rx.search(kernel_name) for rx in patterns)
+        )
+
+
 def op_table(names: pl.Series, expectations: Expectations | None) -> pl.DataFrame:
     """`name -> op, group, matched_by, fallback` for each distinct name."""
     distinct = names.unique().drop_nulls().to_list()

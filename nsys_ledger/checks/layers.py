@@ -19,15 +19,16 @@ from __future__ import annotations
 
 import difflib
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import polars as pl
 
 from nsys_ledger.attribution.graph_capture import RESOLVED
 from nsys_ledger.attribution.layers import HOW, NO_LAYER, LayerAttribution
+from nsys_ledger.attribution.sequence import EDIT_SCHEMA, EXTRA
 from nsys_ledger.checks.ledger import CheckOutcome, Finding, compact_ranges, describe_steps, short_kernel_name
 from nsys_ledger.frames import group_agg
-from nsys_ledger.ledger.model import Expectations, Range
+from nsys_ledger.ledger.model import Expectations, LayerClass, Range
 
 UNGROUPED = "ungrouped"  # kernels whose op has no group and no sub-module decides one
 UNDECLARED_SOURCE = "layers.classes"
@@ -55,8 +56,11 @@ class LayerSummary:
     sequence_texts: pl.DataFrame  # sequence_id, sequence: the distinct sequences spelled out
     inferred: pl.DataFrame  # rank, step, segments, repaired_after: steps whose layers were inferred
     unresolved_graph_nodes: pl.DataFrame  # rank, status, nodes, kernels: decode graph kernels without capture origin
-    assignments: pl.DataFrame  # rank, step, row, layer, submodule, layer_group, how: every GPU activity
+    assignments: pl.DataFrame  # rank, step, row, layer, submodule, layer_group, how, capture_time: every GPU activity
     notes: tuple[str, ...] = ()
+    # rank, step, layer, class_name, kind, label, position, after, entries: how layers differ
+    # from their class's kernel sequence (attribution.sequence.EDIT_SCHEMA)
+    edits: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=EDIT_SCHEMA))
 
     def kernels_by_how(self) -> dict[str, int]:
         """Decode kernels by how their layer was found, every key of attribution.layers.HOW."""
@@ -100,8 +104,9 @@ def summarize_layers(attribution: LayerAttribution) -> LayerSummary:
         sequence_texts=texts,
         inferred=attribution.inferred,
         unresolved_graph_nodes=unresolved,
-        assignments=activities.select("rank", "step", "row", "layer", "submodule", "layer_group", "how"),
+        assignments=activities.select("rank", "step", "row", "layer", "submodule", "layer_group", "how", "capture_time"),
         notes=attribution.notes,
+        edits=attribution.edits,
     )
 
 
@@ -222,6 +227,13 @@ def check_layers(expectations: Expectations, summary: LayerSummary, decode_steps
     n_steps = checked_steps.height
 
     outcomes: list[CheckOutcome] = []
+    # a layer that differs from its class's sequence is reported once, by its edits; the
+    # counts it shifts are not reported again per group
+    edited = summary.edits.select(*STEP_KEY, "layer").unique()
+    table = table.join(edited, on=[*STEP_KEY, "layer"], how="anti")
+    for layer_class in classes:
+        if layer_class.sequence and layer_class.insert_before is None:
+            outcomes.append(_sequence_outcome(layer_class, summary.edits, n_steps, set(expectations.ops)))
     range_failing = table.filter(_outside_range())
     for layer_class in classes:
         for group, expected_range in layer_class.groups.items():
@@ -248,6 +260,44 @@ def check_layers(expectations: Expectations, summary: LayerSummary, decode_steps
                          tuple(findings))
         )
     return outcomes
+
+
+# ---- sequences ----------------------------------------------------------------------------
+
+HINT_EXTRA = "a kernel the layer's sequence does not have: a broken fusion, a stray copy or cast, or a split launch"
+HINT_MISSING = "a kernel of the layer's sequence did not run: a fused kernel, a skipped branch, or a node the capture dropped"
+
+
+def _sequence_outcome(layer_class: LayerClass, edits: pl.DataFrame, n_steps: int, op_names: set[str]) -> CheckOutcome:
+    """One finding per fault: the same edit (kind, kernel, position) in a set of layers and steps."""
+    source = f"{layer_class.source}.sequence"
+    mine = edits.filter(pl.col("class_name") == layer_class.name)
+    findings = []
+    keys = ("kind", "label", "position", "after", "entry_class", "entries")
+    for (kind, label, position, after, entry_class, entries), rows in sorted(
+        mine.group_by(*keys, maintain_order=True), key=lambda g: (g[1]["layer"].min(), g[0][2], g[0][0])
+    ):
+        layers = compact_ranges(rows["layer"].unique().sort().to_list())
+        steps_text = describe_steps(rows.select(STEP_KEY).unique().sort(STEP_KEY))
+        n_failing = rows.select(STEP_KEY).n_unique()
+        shown = label if label in op_names else _bare_name(label)  # a kernel no op claims: its bare name
+        where = f"after {after}" if after else "at the start of the layer"
+        place = f"{entry_class} sequence entry {position} of {entries}"
+        if kind == EXTRA:
+            what = f"+ {shown} {where} (after {place})" if position else f"+ {shown} {where}"
+        else:
+            what = f"missing {shown} {where} ({place})"
+        message = f"{_layers_word(layers)}: {what}, in {n_failing} of {n_steps} steps (steps {steps_text})"
+        findings.append(Finding(
+            check="layer_sequence", subject=shown, source=source, message=message, steps=steps_text,
+            failing_steps=n_failing, observed=("+ " if kind == EXTRA else "- ") + shown,
+            expected=f"the {layer_class.name} sequence", hint=HINT_EXTRA if kind == EXTRA else HINT_MISSING,
+            layers=layers,
+        ))
+    n_layers = mine.select("layer").n_unique()
+    observed = f"{n_layers} layers differ" if n_layers else "as declared"
+    return CheckOutcome(f"layers {layer_class.name}: kernel sequence", source,
+                        f"{len(layer_class.sequence)} entries", observed, tuple(findings))
 
 
 # ---- expectations -------------------------------------------------------------------------

@@ -42,13 +42,22 @@ The layout (every table but ``[model]`` and ``[ops]`` may be left out):
 [layers]   regex = REGEX (one capturing group: the layer index), opening_op = OP,
            first_opening_op = OP, opening_followed_by = OP, closing_op = OP, uniform = BOOL
 [layers.modules]       SUBMODULE = GROUP or [GROUP, ...]   (NVTX sub-module -> ledger groups)
-[layers.classes.NAME]  layers = LAYERS, groups = { GROUP = RANGE, ... }, count = F
+[layers.classes.NAME]  layers = LAYERS, groups = { GROUP = RANGE, ... }, count = F,
+                       sequence = [ENTRY, ...], insert_before = OP
 [kinds.KIND.total]       same keys as [total]: kernels per step of that kind
 [kinds.KIND.anchors.OP]  same keys as an anchor
            (KIND is prefill or mixed; the rest of the ledger is the decode step. Steps of a
            kind the ledger declares are checked against it; steps of another kind are counted
            and listed, not checked)
 ```
+
+A class's `sequence` lists the kernels of one of its layers in issue order; an ENTRY is
+``"op"``, ``"op n"`` or ``"op a-b"`` (``0-1``: optional; ``1-8``: a chunked launch), and ops
+joined by ``|`` name the ops whose kernels may fill the place, the first being the op the place
+counts as (``"router_gemm|cublas_gemm"``: a tile-named cuBLAS GEMM in the router's place is the
+router). A class with `insert_before = OP` puts its sequence into the sequence of the layer's
+other class, before that class's entry of OP (the indexer inside the attention); each layer
+has at most one class with a sequence of its own.
 
 A RANGE is a number, a formula (``"2 * layers"``), two plain numbers joined by a dash
 (``"7-9"``; write ``"(a - b)"`` for a subtraction of two literals), a two-item array

@@ -282,3 +282,20 @@ def _layer_classes(a: Expectations, b: Expectations) -> Iterator[LedgerChange]:
             yield LedgerChange(f"{key}.layers", CHANGED, _layers_value(x), _layers_value(y))
         for group in _keys_of_both(x.groups, y.groups):
             yield from _value(f"{key}.groups.{group}", x.groups.get(group), y.groups.get(group), _range)
+        yield from _sequence(f"{key}.sequence", x.sequence, y.sequence)
+        yield from _value(f"{key}.insert_before", x.insert_before, y.insert_before)
+
+
+def _sequence(key: str, before: tuple, after: tuple) -> Iterator[LedgerChange]:
+    """The entries of a layer sequence that were removed and added, each with its 1-based
+    place (in the old sequence for a removed one, in the new for an added one): the order is
+    the content, so a moved entry shows as removed here and added there."""
+    a, b = [e.text() for e in before], [e.text() for e in after]
+    matcher = SequenceMatcher(a=a, b=b, autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag in ("delete", "replace"):
+            for i in range(i1, i2):
+                yield LedgerChange(key, REMOVED, f"{a[i]} (entry {i + 1})", None)
+        if tag in ("insert", "replace"):
+            for j in range(j1, j2):
+                yield LedgerChange(key, ADDED, None, f"{b[j]} (entry {j + 1})")

@@ -142,13 +142,39 @@ class StepEntryGaps:
 
 
 @dataclass(frozen=True)
+class SequenceEntry:
+    """One place in a layer class's kernel sequence: the op the kernels here count as, the ops
+    whose kernels may fill the place (`op` first, then alternatives: a tile-named cuBLAS GEMM
+    that only the generic op claims by name), and how many kernels run here (`0 or 1`, `1-2`,
+    a chunked launch `1-8`)."""
+
+    op: str
+    fills: tuple[str, ...]
+    low: int = 1
+    high: int = 1
+
+    def text(self) -> str:
+        """The entry as a ledger writes it: ``"op|alternative low-high"``."""
+        count = "" if (self.low, self.high) == (1, 1) else (
+            f" {self.low}" if self.low == self.high else f" {self.low}-{self.high}")
+        return "|".join(self.fills) + count
+
+
+@dataclass(frozen=True)
 class LayerClass:
-    """A class of layers (dense, moe, full indexer) and the groups it launches."""
+    """A class of layers (dense, moe, full indexer) and the groups it launches.
+
+    `sequence`: the kernels of a layer of this class in issue order (empty: not declared).
+    A class with `insert_before` adds its sequence into the sequence of the layer's other
+    class, before that class's first entry of op `insert_before` (the indexer runs inside
+    the attention)."""
 
     name: str
     layers: tuple[int, ...]
     groups: dict[str, Range]  # ledger group -> launches per layer of this class
     source: str
+    sequence: tuple[SequenceEntry, ...] = ()
+    insert_before: str | None = None
 
 
 @dataclass(frozen=True)

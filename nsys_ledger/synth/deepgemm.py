@@ -177,8 +177,13 @@ GLM_GEMMS: tuple[GlmGemm, ...] = (
     GlmGemm("gemm_q_b", 2048, 2048, block_n=32),
     GlmGemm("gemm_o_proj", 6144, 2048, block_n=96),
     GlmGemm("gemm_indexer_wq_b", 4096, 2048, block_n=64),
-    GlmGemm("gemm_shared_gate_up", 512, 6144, block_n=16),
-    GlmGemm("gemm_shared_down", 6144, 256, block_n=96),
+    # The shared expert is replicated under DeepEP, not sharded: SGLang's
+    # python/sglang/srt/models/deepseek_v2.py, DeepseekV2MoE.__init__ ("disable tp for shared
+    # experts when enable deepep moe": DeepseekV2MLP(..., tp_rank=0, tp_size=1)), so its
+    # gate_up is the whole 2 x moe_intermediate_size (2 x 2048) wide over hidden 6144 and its
+    # down reads 2048: exactly o_proj's N=6144, K=2048, and the same kernel name.
+    GlmGemm("gemm_shared_gate_up", 4096, 6144, block_n=64),
+    GlmGemm("gemm_shared_down", 6144, 2048, block_n=96),
     GlmGemm("gemm_dense_gate_up", 3072, 6144, block_n=48),
     GlmGemm("gemm_dense_down", 6144, 1536, block_n=96),
     # routed experts: 32 local experts (256 / EP8); decode masked, prefill contiguous

@@ -71,7 +71,7 @@ from nsys_ledger.synth.topologies import DEFAULT_TOPOLOGY, get_topology
 
 FAULTS = ("broken_fusion", "chunked_indexer", "extra_gaps", "extra_h2d", "split_graph",
           "layer_fault", "pageable_h2d", "extra_gaps_host", "extra_gaps_sync",
-          "extra_gaps_collective", "extra_gaps_graph")
+          "extra_gaps_collective", "extra_gaps_graph", "missing_kernel")
 
 # "extra_gaps": (layer, op, extra idle ns) injected before that kernel in every decode step.
 # o_proj is on the main stream after the attention join, when the alt stream is idle, so the

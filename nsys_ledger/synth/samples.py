@@ -46,6 +46,12 @@ SAMPLES: dict[str, dict] = {
     "glm5-graph-multi-capture.sqlite": {"capture_batch_sizes": (8, 16, 32), "clone_links": 2},
     # ... and an eager trace without any layer-wise NVTX range: layers must be inferred
     "glm5-eager-no-nvtx.sqlite": {"mode": "eager", "layerwise_nvtx": False},
+    # SGLang's default under CUDA graphs: no layer-wise NVTX at all, so layers and the ops of
+    # shared names (o_proj's shape in the shared expert, tile-named cuBLAS GEMMs) come from each
+    # layer's kernel sequence; healthy, one extra kernel in layer 41, layer 7's kv_a_layernorm gone
+    "glm5-graph-no-nvtx-healthy.sqlite": {"layerwise_nvtx": False},
+    "glm5-graph-no-nvtx-layer41.sqlite": {"layerwise_nvtx": False, "faults": ("layer_fault",)},
+    "glm5-graph-no-nvtx-missing-kernel.sqlite": {"layerwise_nvtx": False, "faults": ("missing_kernel",)},
     # PyTorch profiler (Kineto) twins of four samples above: the same timeline (same kwargs and
     # seed), as SGLang's torch profile of the serving loop (synth/kineto_writer.py); checked
     # against their SQLite twins in tests/test_kineto_twins.py

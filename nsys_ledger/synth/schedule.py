@@ -69,6 +69,7 @@ HIDDEN = 6144
 TP = 8
 SPLIT_GRAPH_LAYER = 39  # "split_graph": the second graph starts at this layer
 FAULT_LAYER = 41  # "layer_fault": this layer gets one extra kernel
+MISSING_KERNEL_LAYER = 7  # "missing_kernel": this layer launches no kv_a_layernorm
 
 # Launch APIs as nsys names them in CUPTI_ACTIVITY_KIND_RUNTIME (runtime calls carry the
 # `_vNNNNN` suffix, driver calls do not).
@@ -188,8 +189,14 @@ _NVJET_Q_ABSORB = "nvjet_tst_256x8_64x6_2x1_v_bz_TNT"
 _NVJET_O_ABSORB = "nvjet_tst_128x8_64x12_1x1_h_bz_TNT"
 _NVJET_WK = "nvjet_tst_64x8_64x16_2x1_v_bz_splitK_TNT"
 _NVJET_LM_HEAD = "nvjet_tst_128x256_64x4_2x1_v_bz_coopA_TNT"
-_CUBLAS_ROUTER = ("sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize32x32x8_stage3_warpsize1x2x1_"
-                  "ffma_aligna4_alignc4_execute_kernel__5x_cublas")
+# The router GEMM: SGLang's MoEGate.forward (python/sglang/srt/models/deepseek_v2.py) takes
+# sgl-kernel's dsv3_router_gemm only at hidden 7168 (and at most 16 tokens); GLM-5.3's hidden
+# 6144 falls to `F.linear(hidden_states, self.weight, None)` on the bf16 gate weight: a cuBLAS
+# GEMM whose name states only a tile. The name is the real GLM-5.1 FP8 router GEMM
+# (real-kernel-names.tsv, router_gemm row, aten::mm [16,6144]x[6144,256] on B200:
+# `nvjet_sm100_tst_32x64_64x16_4x1_v_bz_splitK_TNN`) as cuBLAS spells it on Hopper, where nvjet
+# names carry no architecture (the absorption bmm rows 8-9 of the TSV, H100).
+_CUBLAS_ROUTER = "nvjet_tst_32x64_64x16_4x1_v_bz_splitK_TNN"
 Q_ABSORB_BMM = _reg(KernelType("bmm_q_absorb", plain(_NVJET_Q_ABSORB), _NVJET_Q_ABSORB, RT_LAUNCH,
                                (4, 1, 8), (128, 1, 1), 168, 0, 49_152))
 O_ABSORB_BMM = _reg(KernelType("bmm_o_absorb", plain(_NVJET_O_ABSORB), _NVJET_O_ABSORB, RT_LAUNCH,
@@ -604,8 +611,9 @@ _PARAMS: dict[str, dict[str, list[int]]] = {
     "self_attn.indexer.k_norm": {"weight": [128], "bias": [128]},
     "mlp.gate": {"weight": [256, HIDDEN], "e_score_correction_bias": [256]},
     "mlp.experts": {"w13_weight": [32, 4096, HIDDEN], "w2_weight": [32, HIDDEN, 2048]},
-    "mlp.shared_experts.gate_up_proj": {"weight": [512, HIDDEN], "weight_scale_inv": [4, 48]},
-    "mlp.shared_experts.down_proj": {"weight": [HIDDEN, 256], "weight_scale_inv": [48, 2]},
+    # replicated under DeepEP (deepseek_v2.py DeepseekV2MoE.__init__: tp_size=1)
+    "mlp.shared_experts.gate_up_proj": {"weight": [4096, HIDDEN], "weight_scale_inv": [32, 48]},
+    "mlp.shared_experts.down_proj": {"weight": [HIDDEN, 2048], "weight_scale_inv": [48, 16]},
     "mlp.gate_up_proj": {"weight": [3072, HIDDEN], "weight_scale_inv": [24, 48]},
     "mlp.down_proj": {"weight": [HIDDEN, 1536], "weight_scale_inv": [48, 12]},
 }
@@ -630,7 +638,8 @@ _INPUT_WIDTH: dict[str, list[list[int]]] = {
     "mlp.experts": [[HIDDEN]],
     "mlp.shared_experts": [[HIDDEN]],
     "mlp.shared_experts.gate_up_proj": [[HIDDEN]],
-    "mlp.shared_experts.down_proj": [[256]],
+    "mlp.shared_experts.act_fn": [[4096]],
+    "mlp.shared_experts.down_proj": [[2048]],
     "mlp.gate_up_proj": [[HIDDEN]],
     "mlp.act_fn": [[3072]],
     "mlp.down_proj": [[1536]],
@@ -665,8 +674,8 @@ def _module_tables(topology: str) -> tuple[dict, dict]:
               "self_attn.indexer.wk": {"weight": [128 + t.index_heads, h]},
               "mlp.gate": {"weight": [256, h], "e_score_correction_bias": [256]},
               "mlp.experts": {"w13_weight": [32, 4096, h], "w2_weight": [32, h, 2048]},
-              "mlp.shared_experts.gate_up_proj": {"weight": [512, h], "weight_scale_inv": blocks(512, h)},
-              "mlp.shared_experts.down_proj": {"weight": [h, 256], "weight_scale_inv": blocks(h, 256)},
+              "mlp.shared_experts.gate_up_proj": {"weight": [4096, h], "weight_scale_inv": blocks(4096, h)},
+              "mlp.shared_experts.down_proj": {"weight": [h, 2048], "weight_scale_inv": blocks(h, 2048)},
               "mlp.gate_up_proj": {"weight": [2 * inter, h], "weight_scale_inv": blocks(2 * inter, h)},
               "mlp.down_proj": {"weight": [h, inter], "weight_scale_inv": blocks(h, inter)}}
     widths = {key: [[h if w == HIDDEN else w for w in shape] for shape in shapes]
@@ -858,8 +867,9 @@ def _decoder_layer(b: _Builder, K: dict[str, KernelType], topo: Topology, L: int
     b.add("qkv_a", K["gemm_qkv_a"], "qkv_a_proj", "attention",
           f"{a}.fused_qkv_a_proj_with_mqa", L)
     b.add("q_a_norm", RMSNORM, "q_a_norm", "attention", f"{a}.q_a_layernorm", L)
-    b.add("kv_a_norm", RMSNORM, "kv_a_norm", "attention", f"{a}.kv_a_layernorm", L,
-          stream="alt", deps=("qkv_a",))
+    if not (L == MISSING_KERNEL_LAYER and "missing_kernel" in faults):
+        b.add("kv_a_norm", RMSNORM, "kv_a_norm", "attention", f"{a}.kv_a_layernorm", L,
+              stream="alt", deps=("qkv_a",))
     # the MTP layer always builds its indexer (the seed: `if not self.skip_topk or is_nextn`)
     if mtp_layer or L in topo.full_indexer_layers:
         ix = f"{a}.indexer"
@@ -921,8 +931,20 @@ def _decoder_layer(b: _Builder, K: dict[str, KernelType], topo: Topology, L: int
         b.add("mlp_act", ACT_AND_MUL, "mlp.act", "dense_mlp", f"{m}.act_fn", L)
         b.add("mlp_down", K["gemm_dense_down"], "mlp.down", "dense_mlp", f"{m}.down_proj", L)
     else:
-        b.add("router", K["gemm_router"], "moe.router", "moe", f"{m}.gate", L)
+        # DeepseekV2MoE.forward_deepep (python/sglang/srt/models/deepseek_v2.py), in its
+        # order: router logits (self.gate), then the shared expert (_forward_shared_experts ->
+        # DeepseekV2MLP.forward: gate_up_proj, act_fn = SiluAndMul, down_proj), then
+        # select_experts (grouped top-k), the routed experts between DeepEP dispatch and
+        # combine, and the shared output plus the scaled routed output. One stream: forward_deepep
+        # issues everything on the current stream.
+        b.add("router", K["gemm_router"], "moe.router", "moe", f"{m}.gate", L, deps=(ffn_input,))
+        b.add("shared_gate_up", K["gemm_shared_gate_up"], "moe.shared_gate_up", "moe",
+              f"{m}.shared_experts.gate_up_proj", L)
+        b.add("shared_act", ACT_AND_MUL, "moe.shared_act", "moe", f"{m}.shared_experts.act_fn", L)
+        b.add("shared_down", K["gemm_shared_down"], "moe.shared_down", "moe",
+              f"{m}.shared_experts.down_proj", L)
         b.add("topk", MOE_TOPK, "moe.topk", "moe", f"{m}.topk", L)
+        # the DeepGEMM path quantizes the dispatched activations per token group (FP8)
         b.add("quant", GROUP_QUANT, "moe.quant", "moe", f"{m}.experts", L)
         if decode:
             b.add("dispatch", K["deepep_dispatch"], "deepep.dispatch", "deepep", f"{m}.experts", L)
@@ -935,18 +957,15 @@ def _decoder_layer(b: _Builder, K: dict[str, KernelType], topo: Topology, L: int
             b.add("gate_up", K["gemm_moe_gate_up_contig"], "moe.gate_up", "moe", f"{m}.experts", L)
             b.add("down", K["gemm_moe_down_contig"], "moe.down", "moe", f"{m}.experts", L)
             b.add("combine", DEEPEP_COMBINE_NORMAL, "deepep.combine", "deepep", f"{m}.experts", L)
-        # shared expert on the alt stream, issued after the routed branch
-        b.add("shared_gate_up", K["gemm_shared_gate_up"], "moe.shared_gate_up", "moe",
-              f"{m}.shared_experts.gate_up_proj", L, "alt", deps=(ffn_input,))
-        b.add("shared_down", K["gemm_shared_down"], "moe.shared_down", "moe",
-              f"{m}.shared_experts.down_proj", L, "alt")
-        b.add("sum_reduce", MOE_SUM_REDUCE, "moe.scale_shared_add", "moe", m, L,
-              deps=("shared_down",))
+        # `x = shared_output; x.add_(final_hidden_states, alpha=routed_scaling_factor)`: the
+        # ledger's one merge kernel (moe_sum row); the generator keeps sgl-kernel's
+        # moe_sum_reduce name for it, which the ledgers know
+        b.add("sum_reduce", MOE_SUM_REDUCE, "moe.scale_shared_add", "moe", m, L)
     if topo.dp_attention:
         b.add("dp_reduce_scatter", DP_REDUCE_SCATTER, "dp_reduce_scatter", "dp_comm", p, L)
 
 
-SCHEDULE_FAULTS = frozenset({"broken_fusion", "chunked_indexer", "layer_fault"})
+SCHEDULE_FAULTS = frozenset({"broken_fusion", "chunked_indexer", "layer_fault", "missing_kernel"})
 # MTP only: the draft stage's graph is never replayed (its kernels are missing from every step)
 MTP_FAULTS = frozenset({"missing_draft_replay"})
 # the MTP layer's module path in SGLang's draft model (DeepseekModelNextN: embed_tokens, enorm,

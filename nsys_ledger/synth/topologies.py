@@ -23,7 +23,10 @@ heads a rank holds: num_attention_heads / attn_tp):
 * indexer wq_b N = index_n_heads x index_head_dim, K = q_lora_rank (replicated, the seed: "索引器
   能复制权重复用")
 * MoE (EP8): 256 / 8 = 32 local experts, gate_up N = 2 x moe_intermediate_size, K = hidden;
-  down N = hidden, K = moe_intermediate_size; shared expert TP8: gate_up N = 2 x 2048 / 8 = 512
+  down N = hidden, K = moe_intermediate_size; the shared expert is replicated under DeepEP
+  (SGLang python/sglang/srt/models/deepseek_v2.py, DeepseekV2MoE.__init__: `tp_rank=0,
+  tp_size=1` when the MoE all-to-all backend is DeepEP): gate_up N = 2 x 2048, K = hidden;
+  down N = hidden, K = 2048 (o_proj's shape at TP8)
 * dense MLP (TP8): gate_up N = 2 x intermediate_size / 8, down K = intermediate_size / 8
 """
 
@@ -122,8 +125,10 @@ _DSV32_GEMMS: tuple[GlmGemm, ...] = (
     GlmGemm("gemm_q_b", 3072, 1536, block_n=32),
     GlmGemm("gemm_o_proj", 7168, 2048, block_n=112),
     GlmGemm("gemm_indexer_wq_b", 8192, 1536, block_n=64),
-    GlmGemm("gemm_shared_gate_up", 512, 7168, block_n=16),
-    GlmGemm("gemm_shared_down", 7168, 256, block_n=112),
+    # shared expert replicated under DeepEP (see the module docstring): 2 x 2048 over 7168, and
+    # a down of 7168 x 2048, o_proj's shape here too
+    GlmGemm("gemm_shared_gate_up", 4096, 7168, block_n=64),
+    GlmGemm("gemm_shared_down", 7168, 2048, block_n=112),
     GlmGemm("gemm_dense_gate_up", 4608, 7168, block_n=48),
     GlmGemm("gemm_dense_down", 7168, 2304, block_n=112),
     GlmGemm("gemm_moe_gate_up_masked", 4096, 7168, 32, GEMM_MASKED, block_n=128),

@@ -3,8 +3,10 @@
 - ``[layers]``: the NVTX regex, the ops that open and close a layer (layer inference),
   ``uniform``;
 - ``[layers.modules]``: NVTX sub-module -> ledger groups;
-- ``[layers.classes.NAME]``: the layers of a class (LAYERS, see the package docstring) and
-  its launches per layer per group.
+- ``[layers.classes.NAME]``: the layers of a class (LAYERS, see the package docstring), its
+  launches per layer per group, and optionally its kernel `sequence` in issue order (entries
+  ``"op"``, ``"op 0-1"``, ``"op|alternative 1-2"``), with `insert_before` for a class whose
+  sequence runs inside another class's (the indexer inside the attention).
 """
 
 from __future__ import annotations
@@ -12,13 +14,17 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from nsys_ledger.ledger.model import Expectations, LayerClass, LayerRule, OpDef, Range
+from nsys_ledger.ledger.model import Expectations, LayerClass, LayerRule, OpDef, Range, SequenceEntry
 from nsys_ledger.ledger.reading import NAME, LedgerReader, short_list, shown, type_name
 from nsys_ledger.ledger.writing import LedgerWriter, Literal, range_value, regex_string
 
 LAYER_RULE_OPS = ("first_opening_op", "opening_followed_by", "closing_op")
 LAYERS_KEYS = ("regex", "opening_op", *LAYER_RULE_OPS, "uniform", "modules", "classes")
-CLASS_KEYS = ("layers", "groups", "count")
+CLASS_KEYS = ("layers", "groups", "count", "sequence", "insert_before")
+# a sequence entry: ops separated by `|`, then an optional count "n" or "a-b"
+_SEQUENCE_ENTRY = re.compile(r"^\s*([A-Za-z0-9_\-]+(?:\s*\|\s*[A-Za-z0-9_\-]+)*)\s*(?:(\d+)\s*(?:-\s*(\d+))?)?\s*$")
+# the most kernels one entry may stand for (a chunked launch); keeps the alignment small
+MAX_ENTRY_COUNT = 64
 _LAYER_ITEM = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*(?:/\s*(\d+)\s*)?)?$")
 
 
@@ -62,7 +68,7 @@ def read_layer_classes(reader: LedgerReader, doc: dict[str, Any], ops: dict[str,
     classes: list[LayerClass] = []
     owner: dict[tuple[int, str], str] = {}  # (layer, group) -> the class that declares it
     for cname, spec in classes_table.items():
-        layer_class = read_layer_class(reader, cname, spec, nlayers, declared_groups)
+        layer_class = read_layer_class(reader, cname, spec, nlayers, declared_groups, ops)
         for gname in layer_class.groups:
             for layer in layer_class.layers:
                 other = owner.setdefault((layer, gname), cname)
@@ -72,11 +78,60 @@ def read_layer_classes(reader: LedgerReader, doc: dict[str, Any], ops: dict[str,
                         f"layer {layer} gets group {gname!r} from both class {other!r} and class {cname!r}",
                     )
         classes.append(layer_class)
+    check_sequences(reader, classes)
     return layer_regex, opening, tuple(classes)
 
 
+def check_sequences(reader: LedgerReader, classes: list[LayerClass]) -> None:
+    """Each layer gets at most one class whose sequence stands alone, and a class that inserts
+    its sequence needs, in every one of its layers, that sequence with its `insert_before` op."""
+    base_of: dict[int, LayerClass] = {}
+    for layer_class in classes:
+        if not layer_class.sequence or layer_class.insert_before is not None:
+            continue
+        for layer in layer_class.layers:
+            other = base_of.setdefault(layer, layer_class)
+            if other is not layer_class:
+                raise reader.fail(f"{layer_class.source}.sequence",
+                                  f"layer {layer} gets a whole sequence from both class {other.name!r} and class "
+                                  f"{layer_class.name!r} (one of them needs insert_before)")
+    for layer_class in classes:
+        if layer_class.insert_before is None:
+            continue
+        for layer in layer_class.layers:
+            base = base_of.get(layer)
+            if base is None or not any(e.op == layer_class.insert_before for e in base.sequence):
+                raise reader.fail(f"{layer_class.source}.insert_before",
+                                  f"layer {layer} has no class sequence with op {layer_class.insert_before!r} "
+                                  "to insert before")
+
+
+def read_sequence(reader: LedgerReader, value: Any, key: str, ops: dict[str, OpDef]) -> tuple[SequenceEntry, ...]:
+    """`sequence`: an array of ``"op"``, ``"op low-high"``, ``"op|alternative n"`` strings."""
+    if not isinstance(value, list) or not value:
+        raise reader.fail(key, f"wrong type: expected a non-empty array of entries like \"op 0-1\", got {type_name(value)}")
+    entries = []
+    for index, item in enumerate(value):
+        item_key = f"{key}[{index}]"
+        m = _SEQUENCE_ENTRY.match(item) if isinstance(item, str) else None
+        if m is None:
+            raise reader.fail(item_key, f"cannot read {item!r} as a sequence entry (\"op\", \"op 0-1\", \"op|other 1-2\")")
+        fills = tuple(name.strip() for name in m.group(1).split("|"))
+        for name in fills:
+            if name not in ops:
+                raise reader.fail(item_key, f"unknown op {name!r} (ops: {short_list(ops)})")
+        low = int(m.group(2)) if m.group(2) is not None else 1
+        high = int(m.group(3)) if m.group(3) is not None else low
+        if low > high:
+            raise reader.fail(item_key, f"contradictory count in {item!r}: {low} > {high}")
+        if high == 0 or high > MAX_ENTRY_COUNT:
+            raise reader.fail(item_key, f"the count in {item!r} must be 1 to {MAX_ENTRY_COUNT} at most")
+        entries.append(SequenceEntry(op=fills[0], fills=fills, low=low, high=high))
+    return tuple(entries)
+
+
 def read_layer_class(reader: LedgerReader, cname: str, spec: Any, nlayers: int,
-                     declared_groups: set[str]) -> LayerClass:
+                     declared_groups: set[str], ops: dict[str, OpDef] | None = None) -> LayerClass:
     key = f"layers.classes.{cname}"
     if not NAME.match(cname):
         raise reader.fail(key, f"class name {cname!r} must be letters, digits, _ or -")
@@ -108,7 +163,17 @@ def read_layer_class(reader: LedgerReader, cname: str, spec: Any, nlayers: int,
                 f"(groups: {', '.join(sorted(declared_groups)) or 'none'})",
             )
         groups[gname] = reader.range_value(value, gkey)
-    return LayerClass(name=cname, layers=layers, groups=groups, source=key)
+    sequence: tuple[SequenceEntry, ...] = ()
+    if "sequence" in spec:
+        reader.keep(f"{key}.sequence", spec["sequence"])
+        sequence = read_sequence(reader, spec["sequence"], f"{key}.sequence", ops or {})
+    insert_before = reader.get(spec, "insert_before", key, str)
+    if insert_before is not None and not sequence:
+        raise reader.fail(f"{key}.insert_before", "insert_before needs a sequence in the same class")
+    if insert_before is not None and insert_before not in (ops or {}):
+        raise reader.fail(f"{key}.insert_before", f"unknown op {insert_before!r} (ops: {short_list(ops or {})})")
+    return LayerClass(name=cname, layers=layers, groups=groups, source=key, sequence=sequence,
+                      insert_before=insert_before)
 
 
 def read_layer_rule(reader: LedgerReader, doc: dict[str, Any], ops: dict[str, OpDef]) -> LayerRule:
@@ -296,6 +361,10 @@ def write_layer_class(out: LedgerWriter, layer_class: LayerClass, nlayers: int) 
 
     plain = {group: range_value(r) for group, r in layer_class.groups.items()}
     groups = out.as_written(gkey, layer_class.groups, read_groups, plain)
+    if layer_class.sequence:
+        out.value(key, "sequence", [entry.text() for entry in layer_class.sequence])
+    if layer_class.insert_before is not None:
+        out.value(key, "insert_before", layer_class.insert_before)
     if any(f"{gkey}.{group}" in out.comments for group in groups):
         # an inline table has no room for comments: one group per line in its own table
         out.table(gkey)
