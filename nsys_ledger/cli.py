@@ -458,7 +458,7 @@ def inspect(files, json_path) -> None:
     from nsys_ledger.report.inspect_text import render_inventory
     from nsys_ledger.report.json_report import dumps_indented
     from nsys_ledger.report.layout import terminal_width
-    from nsys_ledger.trace.inspect_export import inspect_export, inventory_document
+    from nsys_ledger.trace.inspect_export import inspect_document, inspect_export
 
     json_to_stdout = json_path == STDOUT
     target = _writable(json_path) if json_path and not json_to_stdout else None
@@ -468,7 +468,7 @@ def inspect(files, json_path) -> None:
     inventories = [inspect_export(path) for path in files]  # every file read before anything is printed
     width = terminal_width()
     click.echo("\n\n".join(render_inventory(inventory, width) for inventory in inventories), err=json_to_stdout)
-    document = {"files": [inventory_document(inventory) for inventory in inventories]}
+    document = inspect_document(inventories)
     if json_to_stdout:
         click.echo(dumps_indented(document))
     elif target is not None:

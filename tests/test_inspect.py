@@ -28,8 +28,10 @@ def run(*args: object, columns: int = 100):
 def inspect_json(path: Path) -> dict:
     result = run(path, "--json", "-")
     assert result.exit_code == 0, result.output
-    (document,) = json.loads(result.stdout)["files"]
-    return document
+    document = json.loads(result.stdout)
+    assert document["schema_version"] == "1.0"
+    (inventory,) = document["files"]
+    return inventory
 
 
 def sql_counts(path: Path) -> tuple[int, int]:

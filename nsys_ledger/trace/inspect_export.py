@@ -14,11 +14,16 @@ from dataclasses import dataclass
 
 import sqlite_utils
 
+from nsys_ledger import __version__
 from nsys_ledger.errors import TraceError
 from nsys_ledger.trace.export_tables import NEEDED_TABLES, TRACE_TABLES, graph_trace_mode_seen
 from nsys_ledger.trace.sqlite_reader import export_reader, read_only_export
 
-__all__ = ["ExportInventory", "TableSummary", "inspect_export", "inventory_document"]
+__all__ = ["ExportInventory", "INSPECT_SCHEMA_VERSION", "TableSummary", "inspect_document", "inspect_export",
+           "inventory_document"]
+
+# The `inspect --json` document's version (docs/json-schema.md), bumped as the check's is.
+INSPECT_SCHEMA_VERSION = "1.0"
 
 _KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
 _GRAPH_REPLAY_TABLE = "CUPTI_ACTIVITY_KIND_GRAPH_TRACE"
@@ -106,4 +111,13 @@ def inventory_document(inventory: ExportInventory) -> dict:
         ],
         "missing_needed": list(inventory.missing_needed),
         "missing_optional": list(inventory.missing_optional),
+    }
+
+
+def inspect_document(inventories: list[ExportInventory]) -> dict:
+    """The `inspect --json` document: one inventory per file, in the order given."""
+    return {
+        "schema_version": INSPECT_SCHEMA_VERSION,
+        "tool": {"name": "nsys-ledger", "version": __version__},
+        "files": [inventory_document(inventory) for inventory in inventories],
     }
