@@ -176,7 +176,17 @@ def _report(tmp_path: Path) -> Path:
     return path
 
 
+def _damaged_schema(tmp_path: Path) -> Path:
+    """The sample with its first page (the schema) zeroed after the 100-byte header."""
+    data = bytearray(SAMPLE.read_bytes())
+    data[100:4096] = bytes(3996)
+    path = tmp_path / "damaged.sqlite"
+    path.write_bytes(data)
+    return path
+
+
 @pytest.mark.parametrize("make, problem", [
+    (_damaged_schema, "corrupt or truncated SQLite database (database disk image is malformed)"),
     (lambda tmp: tmp, "is a directory, not a trace file"),
     (lambda tmp: LEDGER, "this is a ledger (expectations TOML), not a trace: "
                          "`nsys-ledger expectations show FILE` prints it"),
@@ -185,13 +195,15 @@ def _report(tmp_path: Path) -> Path:
     (_report, "this is an .nsys-rep report, not an SQLite export; convert it with "
               "`nsys export --type sqlite FILE`"),
     (lambda tmp: tmp / "absent.sqlite", "no such file"),
-], ids=["directory", "ledger", "text", "other-sqlite", "nsys-rep", "missing"])
+], ids=["damaged", "directory", "ledger", "text", "other-sqlite", "nsys-rep", "missing"])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, make, problem):
     path = make(tmp_path)
+    before = fingerprint(path) if path.is_file() else None
     result = run(path)
     assert result.exit_code == 2
     assert result.stdout == ""
     assert result.stderr.splitlines() == [f"nsys-ledger: error: {path}: {problem}"]
+    assert (fingerprint(path) if path.is_file() else None) == before
 
 
 def test_json_onto_the_input_is_refused(tmp_path):
