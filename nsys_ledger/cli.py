@@ -195,7 +195,7 @@ def check(traces, captures, trace_out, expect, step_nvtx, step_method, gap_us, b
 LEDGER_TABLES = ("model", "params", "steps", "ops", "anchors", "total", "layers")
 
 
-def _reject_ledgers_given_as_traces(paths) -> None:
+def _reject_ledgers_given_as_traces(paths, advice: str = "pass it with --expect FILE") -> None:
     """A ledger passed where a trace goes (`check trace.sqlite ledger.toml`): say to use --expect,
     not that the TOML file is no SQLite database."""
     import tomllib
@@ -213,7 +213,7 @@ def _reject_ledgers_given_as_traces(paths) -> None:
         except (UnicodeDecodeError, tomllib.TOMLDecodeError, OSError):
             continue
         if any(table in document for table in LEDGER_TABLES):
-            raise InputError(path, "this is a ledger (expectations TOML), not a trace: pass it with --expect FILE")
+            raise InputError(path, f"this is a ledger (expectations TOML), not a trace: {advice}")
 
 
 def _check_with_captures(traces, captures, expect, **options):
@@ -445,6 +445,45 @@ def learn(traces, out, base, tolerance, named_params, from_steps, step_nvtx, ste
         result = check_many(list(traces), load_expectations(out), step_nvtx=step_nvtx, step_method=step_method)
         click.echo(f"check of the same traces with it: {result.verdict.upper()} ({result.verdict_sentence})")
         sys.exit(result.exit_code)
+
+
+@main.command()
+@click.argument("files", metavar="FILE...", nargs=-1, required=True, type=click.Path(dir_okay=True, path_type=str))
+@click.option("--json", "json_path", type=click.Path(path_type=str),
+              help="Also write the inventory as JSON to this file ('-': the JSON alone on stdout, the text on stderr).")
+def inspect(files, json_path) -> None:
+    """What nsys SQLite exports hold: nsys and schema versions, the CUDA graph trace mode, each
+    table's rows and columns, and which tables nsys-ledger reads. Read-only: nothing is written
+    beside the files. Exit 0, or 2 on a file that is not an SQLite export."""
+    from nsys_ledger.report.inspect_text import render_inventory
+    from nsys_ledger.report.json_report import dumps_indented
+    from nsys_ledger.report.layout import terminal_width
+    from nsys_ledger.trace.inspect_export import inspect_document, inspect_export
+
+    json_to_stdout = json_path == STDOUT
+    target = _writable(json_path) if json_path and not json_to_stdout else None
+    if target is not None:
+        _refuse_output_onto_input(target, files)
+    _reject_ledgers_given_as_traces(files, advice="`nsys-ledger expectations show FILE` prints it")
+    inventories = [inspect_export(path) for path in files]  # every file read before anything is printed
+    width = terminal_width()
+    click.echo("\n\n".join(render_inventory(inventory, width) for inventory in inventories), err=json_to_stdout)
+    document = inspect_document(inventories)
+    if json_to_stdout:
+        click.echo(dumps_indented(document))
+    elif target is not None:
+        _write_output(lambda doc, path: Path(path).write_text(dumps_indented(doc) + "\n", encoding="utf-8"),
+                      document, target, "json")
+
+
+def _refuse_output_onto_input(target: Path, inputs) -> None:
+    """An output path that names one of the input files would overwrite the trace: refuse it."""
+    if not target.exists():
+        return
+    for path in inputs:
+        with contextlib.suppress(OSError):
+            if os.path.samefile(target, path):
+                raise InputError(target, "cannot write output: it is one of the input files")
 
 
 # What each `synth --fault` does to the decode steps (synth/generate.py and synth/schedule.py).

@@ -16,7 +16,7 @@ PACKAGE = ROOT / "nsys_ledger"
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
 
 # import name -> distribution name, where the two differ
-DISTRIBUTION_OF = {"adbc_driver_sqlite": "adbc-driver-sqlite", "distributed": "dask"}
+DISTRIBUTION_OF = {"adbc_driver_sqlite": "adbc-driver-sqlite", "distributed": "dask", "sqlite_utils": "sqlite-utils"}
 
 
 def distribution(requirement: str) -> str:
@@ -42,7 +42,7 @@ def test_declared_dependencies_equal_the_imported_ones():
     optional = {distribution(r) for r in PYPROJECT["project"]["optional-dependencies"]["dask"]}
     assert declared == imported - optional
     assert imported == {"adbc-driver-sqlite", "click", "dask", "msgspec", "numpy", "pandas", "plotly", "polars",
-                        "pyarrow"}
+                        "pyarrow", "sqlite-utils"}
 
 
 def test_pandas_frames_for_notebooks():

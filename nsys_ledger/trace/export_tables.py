@@ -23,7 +23,8 @@ import polars as pl
 from nsys_ledger.errors import TraceError
 from nsys_ledger.trace.model import FRAME_SCHEMAS, Trace, TraceMeta, empty_frame
 
-__all__ = ["ExportReader", "RowFilter", "TableSource", "TRACE_TABLES", "contiguous"]
+__all__ = ["ExportReader", "NEEDED_TABLES", "RowFilter", "TableSource", "TRACE_TABLES", "contiguous",
+           "graph_trace_mode_seen"]
 
 I64 = pl.Int64
 TESTED_SCHEMA_MAJOR = 3
@@ -70,6 +71,10 @@ _VERSION_SUFFIX = r"_v\d+$"
 _KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
 
 
+# The tables without which the reader cannot do its work: no kernels, nothing to check (it
+# refuses the file); no StringIds, no names (it warns). The others are read when present.
+NEEDED_TABLES: tuple[str, ...] = ("StringIds", _KERNEL_TABLE)
+
 # Every table the reader may open: what `nsys export --tables` is asked for.
 TRACE_TABLES: tuple[str, ...] = (
     "StringIds", "META_DATA_EXPORT", "EXPORT_META_DATA", "META_DATA_CAPTURE",
@@ -112,6 +117,16 @@ class TableSource(Protocol):
     def missing_table_hint(self, table: str) -> str:
         """What a missing table means in this format ("" when the problem says it all)."""
         ...
+
+
+def graph_trace_mode_seen(*, graph_replays: bool, graph_node_rows: bool) -> str | None:
+    """The `--cuda-graph-trace` mode an export without the recorded option shows: whole-graph
+    replay rows mean "graph", GPU rows that name their graph node mean "node", neither None."""
+    if graph_replays:
+        return "graph"
+    if graph_node_rows:
+        return "node"
+    return None
 
 
 def _pid(col: str) -> pl.Expr:
@@ -325,6 +340,13 @@ class ExportReader:
         memsets: pl.DataFrame,
         graph_replays: pl.DataFrame,
     ) -> str | None:
+        return self.declared_graph_trace_mode() or graph_trace_mode_seen(
+            graph_replays=graph_replays.height > 0,
+            graph_node_rows=any(df["graph_node_id"].is_not_null().any() for df in (kernels, memcpys, memsets)),
+        )
+
+    def declared_graph_trace_mode(self) -> str | None:
+        """The `--cuda-graph-trace` mode META_DATA_CAPTURE records ("graph" or "node"), or None."""
         modes = {
             v.strip().lower()
             for k, v in self._name_value("META_DATA_CAPTURE").items()
@@ -337,10 +359,6 @@ class ExportReader:
                 "processes were captured with different --cuda-graph-trace modes; "
                 "treating the trace as node mode"
             )
-            return "node"
-        if graph_replays.height:
-            return "graph"
-        if any(df["graph_node_id"].is_not_null().any() for df in (kernels, memcpys, memsets)):
             return "node"
         return None
 

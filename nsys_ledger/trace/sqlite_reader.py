@@ -30,7 +30,7 @@ from nsys_ledger.trace.arrow_fetch import ArrowSource
 from nsys_ledger.trace.export_tables import ExportReader, RowFilter, contiguous
 from nsys_ledger.trace.model import Trace
 
-__all__ = ["load_sqlite", "SQLITE_MAGIC", "sniff_format"]
+__all__ = ["export_reader", "load_sqlite", "read_only_export", "SQLITE_MAGIC", "sniff_format"]
 
 _T = TypeVar("_T")
 
@@ -63,6 +63,30 @@ def load_sqlite(path: str | os.PathLike[str]) -> Trace:
     finally:
         arrow.close()
         conn.close()
+
+
+@contextmanager
+def read_only_export(path: str | os.PathLike[str]) -> Iterator[sqlite3.Connection]:
+    """The export at `path`, checked like `load_sqlite` checks it, as a read-only connection
+    (closed on leaving); an SQLite error met inside becomes TraceError(path, problem)."""
+    shown = str(path)
+    p = Path(path)
+    _check_file(p, shown)
+    conn = _connect(p, shown)
+    try:
+        yield conn
+    except sqlite3.Error as exc:
+        raise TraceError(shown, _sqlite_problem(exc)) from exc
+    except UnicodeDecodeError as exc:
+        raise TraceError(shown, "corrupt SQLite database (damaged schema: text that is not UTF-8)") from exc
+    finally:
+        conn.close()
+
+
+def export_reader(conn: sqlite3.Connection, shown: str) -> ExportReader:
+    """The reader's view of an open export (its tables, versions, graph trace mode) for
+    questions short of reading the whole Trace."""
+    return ExportReader(_SqliteTables(conn, shown), shown)
 
 
 # --------------------------------------------------------------------------------------
