@@ -320,7 +320,7 @@ def test_nvtx_ranges_inside_graph_steps_give_kinds(tmp_path):
 
 def test_mixed_graph_step_checked_against_the_glm_ledgers_mixed_section(tmp_path):
     """The GLM-5.3 ledger with a [kinds.mixed] section: the sample's mixed step (a healthy
-    decode step's kernels: 2002, 156 fused_add_rmsnorm) passes it, and a wrong count names it."""
+    decode step's kernels: 2077, 156 fused_add_rmsnorm) passes it, and a wrong count names it."""
     glm = (REPO / "expectations" / "glm-5.3-tp8-ep8.toml").read_text(encoding="utf-8")
     trace = _graph_sample_with_vllm_ranges(tmp_path)
 
@@ -330,14 +330,14 @@ def test_mixed_graph_step_checked_against_the_glm_ledgers_mixed_section(tmp_path
                               "[kinds.mixed.anchors.fused_add_rmsnorm]\nexpected = 156\n", encoding="utf-8")
         return check(trace, load_expectations(path))
 
-    healthy = checked(2002)
+    healthy = checked(2077)
     assert dict((k, c) for k, _, c, _ in healthy.step_kinds.iter_rows()) == {"decode": 3, "prefill": 0, "mixed": 1}
     mixed = [(o.name, o.observed, o.passed) for o in healthy.outcomes if o.source.startswith("kinds.")]
     assert mixed == [("mixed steps: anchor fused_add_rmsnorm", "156", True),
-                     ("mixed steps: total kernels per step", "2002", True)]
+                     ("mixed steps: total kernels per step", "2077", True)]
     wrong = checked(1990)
     assert [(f.check, f.observed, f.expected, f.steps) for f in wrong.findings if f.source.startswith("kinds.")] == [
-        ("kind_total", "2002", "1990", "0")]
+        ("kind_total", "2077", "1990", "0")]
 
 
 @needs_traces
