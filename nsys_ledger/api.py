@@ -302,7 +302,7 @@ def _layer_count_outcomes(
         return []
     failing = per_step.filter(pl.col("layers") != len(declared)).sort("rank", "step")
     message = (f"the trace has {found} layers per decode step, the ledger {len(declared)} (layers {declared[0]}-"
-               f"{declared[-1]}): a ledger for another model? The per-layer and anchor findings below follow from it")
+               f"{declared[-1]}): a ledger for another model? The per-layer, sequence and anchor findings below follow from it")
     finding = Finding(
         check="layer_count", subject="layers", source="layers.classes", message=message,
         steps=describe_steps(failing), failing_steps=failing.height, observed=str(found), expected=str(len(declared)),

@@ -499,6 +499,7 @@ FAULT_HELP = {
     "extra_gaps_sync": "a cudaStreamSynchronize between the H2D copies and the graph launch",
     "extra_gaps_collective": "two collectives start late on the device, waiting for their peers",
     "extra_gaps_graph": "the decode graph split in two, the second replay starting late on the device",
+    "missing_kernel": "layer 7 launches no kv_a_layernorm: one kernel fewer than its peers",
     "missing_draft_replay": "MTP topology only: the draft graph is not replayed",
 }
 

@@ -62,11 +62,11 @@ def test_columns_sets_the_width_and_every_word_survives_the_wrapping():
 def test_counts_print_as_integers_with_separators():
     result = nsys_ledger.check(SAMPLES / "glm5-graph-broken-fusion.sqlite", load_expectations(GLM))
     text = click.unstyle(render(result, width=100))
-    assert "ops       2,158 decode kernels per step: specific op 1,824 (84.5%)" in text
-    assert "2,158.0" not in text and "1,824.0" not in text
+    assert "ops       2,233 decode kernels per step: specific op 2,076 (93.0%)" in text
+    assert "2,233.0" not in text and "2,076.0" not in text
     step_rows = [line.split() for line in text.splitlines() if line.startswith("  0     5 ")]
-    # step 0: 5 submissions, 2,158 kernels, 67.4 per token (2,158 / batch 32), time with a separator
-    assert step_rows[0][:4] == ["0", "5", "2,158", "67.4"] and step_rows[0][-1] == "29,536.6"
+    # step 0: 5 submissions, 2,233 kernels, 69.8 per token (2,233 / batch 32), time with a separator
+    assert step_rows[0][:4] == ["0", "5", "2,233", "69.8"] and step_rows[0][-1] == "30,317.4"
     assert "per step (kernels/token: kernels per step / 32 tokens of the batch):" in text
     assert "k/token@" not in text
 
@@ -104,8 +104,8 @@ def test_json_dash_writes_the_document_to_stdout_and_the_report_to_stderr(tmp_pa
     result = CliRunner().invoke(main, ["check", HEALTHY, "--expect", str(GLM), "--json", "-"])
     assert result.exit_code == 0, result.stderr
     document = json.loads(result.stdout)
-    assert document["verdict"] == "pass" and [s["kernels"] for s in document["steps"]] == [2002] * 4
-    assert "PASS all 18 checks passed on 4 decode steps" in result.stderr
+    assert document["verdict"] == "pass" and [s["kernels"] for s in document["steps"]] == [2077] * 4
+    assert "PASS all 20 checks passed on 4 decode steps" in result.stderr
     assert not (tmp_path / "-").exists()
     diff = CliRunner().invoke(main, ["diff", HEALTHY, HEALTHY, "--json", "-"])
     assert diff.exit_code == 0 and json.loads(diff.stdout)["worse"] is False
@@ -115,7 +115,7 @@ def test_json_dash_writes_the_document_to_stdout_and_the_report_to_stderr(tmp_pa
 def test_a_step_nvtx_that_matches_nothing_is_said():
     result = nsys_ledger.check(SAMPLES / "glm5-graph-healthy.sqlite", step_nvtx="no_such_range")
     count = result.trace.nvtx.height
-    assert count == 4452  # the sample's NVTX ranges (the totals line prints the same figure)
+    assert count == 4677  # the sample's NVTX ranges (the totals line prints the same figure)
     assert result.notices == (
         f"--step-nvtx /no_such_range/ matches none of the trace's {count:,} NVTX ranges: steps found by graph instead",
     )
@@ -148,7 +148,7 @@ def test_synth_kineto_gets_the_documented_suffix(tmp_path):
     named = CliRunner().invoke(main, ["synth", str(tmp_path / "mine.json.gz"), "--format", "kineto", "--steps", "1"])
     assert named.exit_code == 0 and (tmp_path / "mine.json.gz").is_file()
     checked = nsys_ledger.check(tmp_path / "run.trace.json.gz", load_expectations(GLM))
-    assert checked.step_table["kernels"].to_list() == [2002]
+    assert checked.step_table["kernels"].to_list() == [2077]
 
 
 # ---- the wrong ledger for the trace -------------------------------------------------------------
@@ -159,11 +159,14 @@ def test_a_ledger_for_another_model_says_the_layer_counts_first():
     first = result.findings[0]
     assert first.message == (
         "the trace has 61 layers per decode step, the ledger 78 (layers 0-77): a ledger for another model? "
-        "The per-layer and anchor findings below follow from it")
+        "The per-layer, sequence and anchor findings below follow from it")
     assert (first.observed, first.expected, first.steps, first.failing_steps) == ("61", "78", "0-3", 4)
-    assert result.outcomes[0].name == "layer count" and len(result.findings) == 11
+    # 1 layer count, 5 anchors, 7 kernel-sequence edits (the moe layers without the indexer in
+    # GLM-5.3's ledger run DeepSeek-V3.2's 7 indexer kernels), 4 per-layer groups of layers 61-77
+    assert result.outcomes[0].name == "layer count" and len(result.findings) == 17
+    assert [f.check for f in result.findings].count("layer_sequence") == 7
     text = click.unstyle(render(result, width=1000))
-    assert text.index("FAIL 11 finding(s)") < text.index("the trace has 61 layers") < text.index("[anchors.")
+    assert text.index("FAIL 17 finding(s)") < text.index("the trace has 61 layers") < text.index("[anchors.")
     # the other way round, and not at all when the ledger fits
     glm_trace = nsys_ledger.check(SAMPLES / "glm5-graph-healthy.sqlite", EXPECTATIONS / "deepseek-v3.2-tp8-ep8.toml")
     assert glm_trace.findings[0].message.startswith("the trace has 78 layers per decode step, the ledger 61 ")
@@ -216,7 +219,7 @@ def test_a_diff_of_the_same_timeline_across_formats_lists_no_kernel_name():
     kineto = nsys_ledger.check(SAMPLES / "glm5-graph-healthy.trace.json.gz", glm)
     decode = (pl.col("activity") == "kernel") & pl.col("decode").fill_null(False)
     names = lambda r: set(r.steps.activities.filter(decode)["name"].unique())  # noqa: E731
-    assert len(names(sqlite) - names(kineto)) == 28  # the templated names are spelled otherwise (nsys, c++filt) ...
+    assert len(names(sqlite) - names(kineto)) == 27  # the templated names are spelled otherwise (nsys, c++filt) ...
     diff = diff_results(sqlite, kineto)
     assert diff.new_kernels.height == 0 and diff.vanished_kernels.height == 0  # ... the kernels do not
     stray = diff_results(kineto, nsys_ledger.check(SAMPLES / "glm5-graph-layer41.sqlite", glm))

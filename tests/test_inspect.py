@@ -60,19 +60,19 @@ def test_sample_inventory_figures():
     assert doc["schema_version"] == "3.25.0"
     assert doc["version_source"] == "META_DATA_EXPORT"
     assert doc["cuda_graph_trace"] == "node"
-    assert doc["kernels"] == 11933
+    assert doc["kernels"] == 12383
     assert len(doc["tables"]) == 43
     tables = {t["name"]: t for t in doc["tables"]}
-    assert tables["CUPTI_ACTIVITY_KIND_KERNEL"] == {"name": "CUPTI_ACTIVITY_KIND_KERNEL", "rows": 11933,
+    assert tables["CUPTI_ACTIVITY_KIND_KERNEL"] == {"name": "CUPTI_ACTIVITY_KIND_KERNEL", "rows": 12383,
                                                     "columns": 40, "read": True}
-    assert tables["StringIds"]["rows"] == 119
-    assert tables["NVTX_EVENTS"]["rows"] == 4452
+    assert tables["StringIds"]["rows"] == 118
+    assert tables["NVTX_EVENTS"]["rows"] == 4677
     assert tables["ThreadNames"]["read"] is False
     assert doc["missing_needed"] == []
     assert doc["missing_optional"] == ["EXPORT_META_DATA", "CUPTI_ACTIVITY_KIND_MEMSET",
                                        "CUPTI_ACTIVITY_KIND_GRAPH_TRACE", "TARGET_INFO_CUDA_GPU"]
     # the same figures plain SQL gives
-    assert sql_counts(SAMPLE) == (43, 11933)
+    assert sql_counts(SAMPLE) == (43, 12383)
 
 
 def test_sample_text_verdict_first_and_fits_the_terminal():
@@ -80,12 +80,12 @@ def test_sample_text_verdict_first_and_fits_the_terminal():
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     verdict = lines[:next(i for i, line in enumerate(lines) if line.startswith("nsys "))]
-    assert " ".join(line.strip() for line in verdict) == f"{SAMPLE}: nsys-ledger can read it: 11,933 kernels in 43 tables"
+    assert " ".join(line.strip() for line in verdict) == f"{SAMPLE}: nsys-ledger can read it: 12,383 kernels in 43 tables"
     assert all(len(line) <= 60 for line in lines)
     assert "2026.2.1.210, export schema 3.25.0" in result.output
     assert "traced per node" in result.output
     kernel_row = next(line for line in lines if line.split()[:1] == ["CUPTI_ACTIVITY_KIND_KERNEL"])
-    assert kernel_row.split()[1:] == ["11,933", "40", "yes"]
+    assert kernel_row.split()[1:] == ["12,383", "40", "yes"]
 
 
 def test_sample_is_not_changed_and_nothing_is_written_beside_it(tmp_path):
@@ -97,7 +97,7 @@ def test_sample_is_not_changed_and_nothing_is_written_beside_it(tmp_path):
     out.mkdir()
     assert run(trace, "--json", out / "inventory.json").exit_code == 0
     assert fingerprint(trace) == before  # no -wal, -shm or -journal beside it
-    assert json.loads((out / "inventory.json").read_text())["files"][0]["kernels"] == 11933
+    assert json.loads((out / "inventory.json").read_text())["files"][0]["kernels"] == 12383
 
 
 def test_two_files_in_one_document(tmp_path):
@@ -105,8 +105,8 @@ def test_two_files_in_one_document(tmp_path):
     result = run(SAMPLE, eager, "--json", "-")
     assert result.exit_code == 0, result.output
     files = json.loads(result.stdout)["files"]
-    assert [(f["path"], f["kernels"]) for f in files] == [(str(SAMPLE), 11933), (str(eager), 9932)]
-    assert sql_counts(eager)[1] == 9932
+    assert [(f["path"], f["kernels"]) for f in files] == [(str(SAMPLE), 12383), (str(eager), 10307)]
+    assert sql_counts(eager)[1] == 10307
 
 
 def test_an_export_without_kernels_names_the_needed_table(tmp_path):

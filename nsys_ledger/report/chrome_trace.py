@@ -12,7 +12,8 @@ step itself. The steps are the ones the HTML report draws (`selection.select_ste
   event per drawn step;
 * each finding that names a drawn step as an instant event (`i`) on the activity it is about,
   on that activity's own track: an anchor's first kernel of its op, a per-layer finding's first
-  kernel of its group in the first layer it names, an H2D finding's (pageable) copy, a gap
+  kernel of its group in the first layer it names, a kernel-sequence finding's extra kernel in
+  the first layer it names, an H2D finding's (pageable) copy, a gap
   finding's longest gap; a finding about the step as a whole (total, graph launches, layer
   count) stays a global instant at the step's start. It carries the message and the hint;
 * flow arrows (`s` -> `f`) from each launch call to the kernel, copy or memset it launched (a
@@ -31,6 +32,7 @@ from pathlib import Path
 import polars as pl
 
 from nsys_ledger.api import Result
+from nsys_ledger.checks.layers import _bare_name
 from nsys_ledger.report.selection import SelectedStep, parse_step_list, select_steps
 
 STEP_KEY = ["rank", "step"]
@@ -271,6 +273,17 @@ def _offending_activity(finding, activities: pl.DataFrame, gaps: pl.DataFrame, r
     elif finding.check in ("layer", "layer_uniform") and finding.layers and "layer" in in_step.columns:
         layer = _compact_values(finding.layers)[0]
         about = _first_odd_kernel(in_step, finding.subject, layer, peers.get((finding.subject, layer), []))
+    elif finding.check == "layer_sequence" and finding.layers and "layer" in in_step.columns:
+        # an extra kernel in a layer's sequence (a missing one has no kernel to sit on): in the
+        # first layer it names, the first kernel its label names (the op or, for a kernel no op
+        # claims, the bare name), as the HTML report's offending-kernel marks read it
+        if not (finding.observed or "").startswith("+ "):
+            return None
+        layer = _compact_values(finding.layers)[0]
+        in_layer = in_step.filter((pl.col("activity") == "kernel") & (pl.col("layer") == layer))
+        unclaimed = pl.col("op").is_null() | (pl.col("op") == "other")
+        bare = pl.col("name").map_elements(_bare_name, return_dtype=pl.Utf8)
+        about = in_layer.filter((pl.col("op") == finding.subject) | (unclaimed & (bare == finding.subject)))
     elif finding.check in ("h2d", "h2d_pageable", "h2d_bytes"):
         about = in_step.filter((pl.col("activity") == "memcpy") & (pl.col("copy_kind") == "HtoD"))
         if finding.check == "h2d_pageable":

@@ -8,6 +8,7 @@ import plotly.graph_objects as go
 import polars as pl
 
 from nsys_ledger.api import Result
+from nsys_ledger.checks.layers import _bare_name
 from nsys_ledger.checks.ledger import Finding, short_kernel_name
 from nsys_ledger.checks.time_use import top_kernels
 from nsys_ledger.report.html_kit import Cell, esc, figure, note, table
@@ -154,7 +155,8 @@ def offending_kernels(result: Result, step_activities: pl.DataFrame) -> pl.DataF
     """`row, finding`: the kernels of one step that the findings blame. An anchor finding blames
     the kernels of its op; a per-layer finding the kernels of its group in its layers whose name
     occurs there more often than in the median peer layer (the extra launch), or, with no peer
-    layer, all of that group's kernels there. At most MAX_MARKS per finding."""
+    layer, all of that group's kernels there; a sequence finding's extra kernel likewise, among
+    the kernels of its label. At most MAX_MARKS per finding."""
     kernels = step_activities.filter(pl.col("activity") == "kernel")
     layers = result.layers
     if layers is not None and "layer_group" not in kernels.columns:
@@ -173,10 +175,19 @@ def offending_kernels(result: Result, step_activities: pl.DataFrame) -> pl.DataF
 def _blamed(finding: Finding, kernels: pl.DataFrame) -> pl.DataFrame | None:
     if finding.check == "anchor":
         return kernels.filter(pl.col("op") == finding.subject)
-    if finding.check not in ("layer", "layer_uniform") or not finding.layers or "layer_group" not in kernels.columns:
+    if finding.check == "layer_sequence" and finding.layers and "layer" in kernels.columns:
+        # an extra kernel in a layer's sequence (a missing one has no kernel to mark): the
+        # kernels its label names, the op or, for a kernel no op claims, the bare name
+        if not (finding.observed or "").startswith("+ "):
+            return None
+        unclaimed = kernels.filter(pl.col("op").is_null() | (pl.col("op") == "other"))["name"].unique().to_list()
+        bare = [name for name in unclaimed if _bare_name(name) == finding.subject]
+        group = kernels.filter((pl.col("op") == finding.subject) | pl.col("name").is_in(bare))
+    elif finding.check in ("layer", "layer_uniform") and finding.layers and "layer_group" in kernels.columns:
+        group = kernels.filter(pl.col("layer_group") == finding.subject)
+    else:
         return None
     faulty = _expand(finding.layers)
-    group = kernels.filter(pl.col("layer_group") == finding.subject)
     at_fault = group.filter(pl.col("layer").is_in(faulty))
     peers = group.filter(pl.col("layer").is_not_null() & ~pl.col("layer").is_in(faulty))
     if peers.height == 0:
