@@ -82,9 +82,9 @@ def test_broken_fusion_names_the_quant_anchor_and_the_fusion_hint(expectations):
                       ("layer_sequence", "3-77", "per_token_group_quant", "+ per_token_group_quant"),
                       ("layer_sequence", "3-77", "per_token_group_quant", "+ per_token_group_quant")]
     messages = [f.message for f in result.findings if f.check == "layer_sequence"]
-    assert messages[2].startswith("layers 3-77: + per_token_group_quant after fused_add_rmsnorm "
+    assert messages[2].startswith("layers 3-77: + `per_token_group_quant` after `fused_add_rmsnorm` "
                                   "(after moe sequence entry 1 of 27)")
-    assert messages[3].startswith("layers 3-77: + per_token_group_quant after fused_add_rmsnorm "
+    assert messages[3].startswith("layers 3-77: + `per_token_group_quant` after `fused_add_rmsnorm` "
                                   "(after moe sequence entry 15 of 27)")
 
 
@@ -173,4 +173,4 @@ def test_layer_fault_shows_one_extra_kernel_per_step(expectations):
         ("layer_sequence", "41", "elementwise_kernel", "+ elementwise_kernel", "0-3")
     ]
     assert result.findings[0].message.startswith(
-        "layer 41: + elementwise_kernel after bmm (after moe sequence entry 12 of 27), in 4 of 4 steps")
+        "layer 41: + `elementwise_kernel` after `bmm` (after moe sequence entry 12 of 27), in 4 of 4 steps")

@@ -24,10 +24,10 @@ FAULTED = {
     "glm5-graph-broken-fusion.sqlite": [
         ("anchor", "per_token_group_quant kernels: 231 per step, expected 75"),
         ("total", "kernels: 2233 per step, expected 1800-2200"),
-        ("layer_sequence", "layers 0-2: + per_token_group_quant after fused_add_rmsnorm (after dense sequence entry 15"),
-        ("layer_sequence", "layers 1-2: + per_token_group_quant after fused_add_rmsnorm (after dense sequence entry 1 "),
-        ("layer_sequence", "layers 3-77: + per_token_group_quant after fused_add_rmsnorm (after moe sequence entry 1 "),
-        ("layer_sequence", "layers 3-77: + per_token_group_quant after fused_add_rmsnorm (after moe sequence entry 15"),
+        ("layer_sequence", "layers 0-2: + `per_token_group_quant` after `fused_add_rmsnorm` (after dense sequence entry 15"),
+        ("layer_sequence", "layers 1-2: + `per_token_group_quant` after `fused_add_rmsnorm` (after dense sequence entry 1 "),
+        ("layer_sequence", "layers 3-77: + `per_token_group_quant` after `fused_add_rmsnorm` (after moe sequence entry 1 "),
+        ("layer_sequence", "layers 3-77: + `per_token_group_quant` after `fused_add_rmsnorm` (after moe sequence entry 15"),
     ],
     "glm5-graph-chunked-indexer.sqlite": [
         ("anchor", "paged_mqa_logits kernels: 63 per step, expected 21"),
@@ -43,7 +43,7 @@ FAULTED = {
         ("h2d_pageable", "pageable host-to-device copies: 1 per step, expected 0"),
         ("gaps", "idle gaps above 2 us: 1 per step"),
     ],
-    "glm5-graph-layer41.sqlite": [("layer_sequence", "layer 41: + elementwise_kernel after bmm (after moe sequence entry 12")],
+    "glm5-graph-layer41.sqlite": [("layer_sequence", "layer 41: + `elementwise_kernel` after `bmm` (after moe sequence entry 12")],
     "glm5-graph-extra-gaps.sqlite": [("gaps", "idle gaps above 2 us: 3 per step")],
     "glm5-graph-boundary-gap.sqlite": [
         ("graph_break", "graph break: the decode graph ran as 2 replays per step, expected 1"),
@@ -219,9 +219,8 @@ def test_markdown_summary_of_the_healthy_sample(expectations):
 
 def test_markdown_shows_the_names_a_finding_quotes_as_code(expectations):
     text = render_markdown(nsys_ledger.check(SAMPLES / "glm5-graph-broken-fusion.sqlite", expectations))
-    assert ("- **layers.classes.dense.groups.ffn**: layer 0: ffn 4 launches per layer, expected 3, in 4 of 4 steps "
-            "(steps 0-3): ffn ops: `deepgemm_dense` x2 (after per\\_token\\_group\\_quant, act\\_and\\_mul), "
-            "`act_and_mul`, `per_token_group_quant`") in text.splitlines()
+    assert ("- **layers.classes.moe.sequence**: layers 3-77: + `per_token_group_quant` after `fused_add_rmsnorm` "
+            "(after moe sequence entry 1 of 27), in 4 of 4 steps (steps 0-3)") in text.splitlines()
     assert "\\`" not in text  # no literal backtick anywhere
     assert md_code("`a|b` and *c*") == "`a\\|b` and \\*c\\*"
 

@@ -52,7 +52,7 @@ def test_pandas_frames_for_notebooks():
     frames = result.to_pandas()
     assert set(frames) == {"steps", "ops", "gaps", "kernels"}
     assert all(isinstance(frame, pandas.DataFrame) for frame in frames.values())
-    assert frames["steps"]["kernels"].tolist() == [2002] * 4
-    # 2,002 decode kernels in each of the 4 steps, one row each
-    assert frames["kernels"].groupby("step").size().tolist() == [2002] * 4
+    assert frames["steps"]["kernels"].tolist() == [2077] * 4
+    # 2,077 decode kernels in each of the 4 steps, one row each
+    assert frames["kernels"].groupby("step").size().tolist() == [2077] * 4
     assert frames["gaps"]["cause"].tolist() == ["launch"] * 4

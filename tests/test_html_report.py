@@ -91,8 +91,8 @@ def test_plotly_js_comes_once_and_only_with_a_chart(broken_fusion):
 
 def test_names_a_finding_quotes_are_code_not_backticks(broken_fusion):
     page = render_html(broken_fusion)
-    assert ("ffn ops: <code>deepgemm_dense</code> x2 (after per_token_group_quant, act_and_mul), "
-            "<code>act_and_mul</code>, <code>per_token_group_quant</code>") in page
+    assert ("layers 3-77: + <code>per_token_group_quant</code> after <code>fused_add_rmsnorm</code> "
+            "(after moe sequence entry 1 of 27)") in page
     assert "`" not in page.split('id="findings"')[1].split("</ul>")[0]
 
 
@@ -100,8 +100,8 @@ def test_count_and_step_axes_tick_whole_numbers(broken_fusion):
     from nsys_ledger.report.figures import integer_axis, three_column_ledger
 
     figure = three_column_ledger(broken_fusion.step_table)
-    # every step launched 2,158 kernels: one tick at 2,158, none at 2,157.5
-    assert (figure.layout.yaxis2.tick0, figure.layout.yaxis2.dtick, figure.layout.yaxis2.tickformat) == (2158, 1, ",d")
+    # every step launched 2,233 kernels: one tick at 2,233, none at 2,232.5
+    assert (figure.layout.yaxis2.tick0, figure.layout.yaxis2.dtick, figure.layout.yaxis2.tickformat) == (2233, 1, ",d")
     assert (figure.layout.xaxis3.tick0, figure.layout.xaxis3.dtick) == (0, 1)  # steps 0-3
     assert integer_axis(range(3, 500))["dtick"] == 100 and integer_axis(range(3, 500))["tick0"] == 0
 
@@ -195,7 +195,7 @@ def test_failing_sample_in_chromium_shows_verdict_anchor_and_heatmap(browser, br
             "els => els.map(e => e.textContent)")
         assert ticks and all(re.fullmatch(r"[0-9]+", t) for t in ticks), (chart, ticks)
     kernel_ticks = page.locator("#three-column-ledger g.y2tick text").evaluate_all("els => els.map(e => e.textContent)")
-    assert kernel_ticks == ["2,158"]
+    assert kernel_ticks == ["2,233"]
     # the heatmap's counts at a readable size: 13 px, not 9
     sizes = page.locator("#heatmap g.text-group text, #heatmap .textpoint text, #heatmap text").evaluate_all(
         "els => els.filter(e => /^[0-9]+$/.test(e.textContent)).map(e => getComputedStyle(e).fontSize)")

@@ -94,7 +94,7 @@ def test_one_extra_kernel_is_one_finding(results):
     assert [(f.check, f.layers, f.subject, f.observed, f.source) for f in result.findings] == [
         ("layer_sequence", "41", "elementwise_kernel", "+ elementwise_kernel", "layers.classes.moe.sequence")]
     assert result.findings[0].message == (
-        "layer 41: + elementwise_kernel after bmm (after moe sequence entry 12 of 27), in 4 of 4 steps (steps 0-3)")
+        "layer 41: + `elementwise_kernel` after `bmm` (after moe sequence entry 12 of 27), in 4 of 4 steps (steps 0-3)")
 
 
 def test_one_missing_kernel_is_one_finding(results):
@@ -102,7 +102,7 @@ def test_one_missing_kernel_is_one_finding(results):
     assert [(f.check, f.layers, f.subject, f.observed) for f in result.findings] == [
         ("layer_sequence", "7", "rmsnorm", "- rmsnorm")]
     assert result.findings[0].message == (
-        "layer 7: missing rmsnorm after qkv_a_proj (moe sequence entry 3 of 27), in 4 of 4 steps (steps 0-3)")
+        "layer 7: missing `rmsnorm` after `qkv_a_proj` (moe sequence entry 3 of 27), in 4 of 4 steps (steps 0-3)")
     # the other layers' groups are untouched: layer 7's attention count is not reported again
     assert [o.passed for o in result.outcomes if o.source == "layers.classes.moe.groups.attention"] == [True]
 

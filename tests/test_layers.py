@@ -246,7 +246,7 @@ def test_layer_fault_found_by_inference(tmp_path, expectations):
     # not reported again
     assert [(f.check, f.layers, f.subject) for f in result.findings] == [("layer_sequence", "41", "elementwise_kernel")]
     assert result.findings[0].message == (
-        "layer 41: + elementwise_kernel after bmm (after moe sequence entry 12 of 27), in 2 of 2 steps (steps 0-1)"
+        "layer 41: + `elementwise_kernel` after `bmm` (after moe sequence entry 12 of 27), in 2 of 2 steps (steps 0-1)"
     )
 
 

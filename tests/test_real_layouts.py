@@ -99,7 +99,7 @@ def test_layers_inferred_without_nvtx_for_each_deepgemm_layout(tmp_path, glm, la
     result = nsys_ledger.check(faulted, glm)
     assert [(f.check, f.layers, f.subject) for f in result.findings] == [("layer_sequence", "41", "elementwise_kernel")]
     assert result.findings[0].message.startswith(
-        "layer 41: + elementwise_kernel after bmm (after moe sequence entry 12 of 27), in 2 of 2 steps")
+        "layer 41: + `elementwise_kernel` after `bmm` (after moe sequence entry 12 of 27), in 2 of 2 steps")
 
 
 def test_b200_dense_gemms_fall_back_and_say_so(tmp_path, glm):

@@ -98,7 +98,7 @@ def test_offending_kernel_of_the_layer41_fault_is_marked():
         0, named=True)
     assert marked["layer"] == 41
     assert "direct_copy_kernel_cuda" in marked["name"]
-    assert marks["finding"][0].startswith("layer 41: + elementwise_kernel after bmm")
+    assert marks["finding"][0].startswith("layer 41: + `elementwise_kernel` after `bmm`")
     fig = _figure(page(LAYER41), "timeline-representative")
     traces = [t for t in fig["data"] if t.get("name") == "offending kernel"]
     assert len(traces) == 1 and len(traces[0]["x"]) == 1

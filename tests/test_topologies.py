@@ -190,7 +190,7 @@ def test_deepseek_ledger_names_layer_41(checked):
     assert result.verdict == "fail"
     [finding] = result.findings
     assert (finding.check, finding.subject, finding.layers) == ("layer_sequence", "elementwise_kernel", "41")
-    assert finding.message.startswith("layer 41: + elementwise_kernel after bmm (after moe sequence entry 12 of 27)")
+    assert finding.message.startswith("layer 41: + `elementwise_kernel` after `bmm` (after moe sequence entry 12 of 27)")
 
 
 # ---- learn: the round trip ---------------------------------------------------------------------

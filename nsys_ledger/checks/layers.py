@@ -281,12 +281,13 @@ def _sequence_outcome(layer_class: LayerClass, edits: pl.DataFrame, n_steps: int
         steps_text = describe_steps(rows.select(STEP_KEY).unique().sort(STEP_KEY))
         n_failing = rows.select(STEP_KEY).n_unique()
         shown = label if label in op_names else _bare_name(label)  # a kernel no op claims: its bare name
-        where = f"after {after}" if after else "at the start of the layer"
+        # names in backticks, as the group findings quote them: code in Markdown and HTML
+        where = f"after `{after}`" if after else "at the start of the layer"
         place = f"{entry_class} sequence entry {position} of {entries}"
         if kind == EXTRA:
-            what = f"+ {shown} {where} (after {place})" if position else f"+ {shown} {where}"
+            what = f"+ `{shown}` {where} (after {place})" if position else f"+ `{shown}` {where}"
         else:
-            what = f"missing {shown} {where} ({place})"
+            what = f"missing `{shown}` {where} ({place})"
         message = f"{_layers_word(layers)}: {what}, in {n_failing} of {n_steps} steps (steps {steps_text})"
         findings.append(Finding(
             check="layer_sequence", subject=shown, source=source, message=message, steps=steps_text,
