@@ -254,11 +254,8 @@ def expectations_match(file, as_json) -> None:
     from nsys_ledger.ledger import load_expectations
 
     classifier = OpClassifier(load_expectations(file))
-    for line in sys.stdin:
-        name = line.rstrip("\r\n")
-        if not name.strip():
-            continue
-        match = classifier.classify(name)
+    names = [name for name in (line.rstrip("\r\n") for line in sys.stdin) if name.strip()]
+    for name, match in zip(names, classifier.classify_many(names)):  # each pattern runs once over all
         if as_json:
             click.echo(json.dumps({
                 "name": name, "op": match.op if match.matched_by != "none" else None, "group": match.group,

@@ -150,7 +150,7 @@ def inflate_limit(compressed_size: int) -> int:
 def _size(n: int) -> str:
     for unit, scale in (("GiB", 1024 ** 3), ("MiB", 1024 ** 2), ("KiB", 1024)):
         if n >= scale:
-            return f"{n / scale:.3g} {unit}"
+            return f"{n / scale:.1f} {unit}"
     return f"{n} B"
 
 
@@ -177,8 +177,14 @@ def _inputs_of(inputs: Iterable[str | os.PathLike[str] | None]) -> list[tuple[st
             continue
         text = str(given)
         names = [text] if os.path.lexists(text) else glob.glob(text) or [text]
-        found += [(name, os.path.realpath(name)) for name in names]
+        for name in names:
+            real = os.path.realpath(name)
+            # the files SQLite keeps beside a database, and the export cache beside a report
+            found += [(name, real), *((name, real + side) for side in _SIDE_FILES)]
     return found
+
+
+_SIDE_FILES = ("-wal", "-shm", "-journal", ".nsys-ledger-cache")
 
 
 def guard_outputs(outputs: Sequence[tuple[str, str]], inputs: Iterable[str | os.PathLike[str] | None]) -> list[Path]:
