@@ -85,7 +85,8 @@ def main() -> None:
     default=None,
     help="Force how steps are found (default: the expectations' [steps] method, else auto).",
 )
-@click.option("--gap-us", type=float, callback=gap_us_option, help="Gap threshold in microseconds (default: expectations, else 2).")
+@click.option("--gap-us", type=float, callback=gap_us_option,
+              help="Gap threshold in microseconds (default: expectations, else 2).")
 @click.option("--batch", type=click.IntRange(1, MAX_BATCH), default=None,
               help="Requests per decode step, for kernels per output token (default: the expectations' batch).")
 @click.option("--per-stream-gaps", is_flag=True, help="Also find the idle gaps of every stream on its own.")
@@ -178,7 +179,8 @@ def _write_output(writer, result, target: Path, label: str) -> None:
 @click.option("--step-nvtx", callback=regex_option, help="Regex of the NVTX range that marks one decode step.")
 @click.option("--step-method", type=click.Choice(["auto", "nvtx", "graph", "marker", "capture"]), default=None,
               help="Force how steps are found in both traces.")
-@click.option("--gap-us", type=float, callback=gap_us_option, help="Gap threshold in microseconds (default: expectations, else 2).")
+@click.option("--gap-us", type=float, callback=gap_us_option,
+              help="Gap threshold in microseconds (default: expectations, else 2).")
 @click.option("--allow-launches", type=click.FloatRange(0), default=0, show_default=True,
               help="Extra kernel launches per step (median; in all, per op, per layer group) still not worse.")
 @click.option("--max-slowdown", type=click.FloatRange(0), default=None,

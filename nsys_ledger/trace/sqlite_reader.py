@@ -175,9 +175,12 @@ def _uri(p: Path, *, immutable: bool = False) -> str:
     return f"file:{quote(str(p))}?mode=ro" + ("&immutable=1" if immutable else "")
 
 
-def _is_wal_mode(head: bytes) -> bool:
-    """The header's read and write versions are 2 in WAL mode (bytes 18 and 19)."""
-    return len(head) >= 20 and head[18] == 2 and head[19] == 2
+def _may_use_wal(head: bytes) -> bool:
+    """Whether SQLite may open a WAL for this file: its header's write and read versions
+    (bytes 18 and 19) are not both 1, the rollback-journal format nsys writes. A 2 in either
+    (WAL mode, or a damaged header that says so) makes a `mode=ro` connection create -shm and
+    -wal files beside the database (found by the fuzzer: write version 1, read version 2)."""
+    return len(head) < 20 or head[18] != 1 or head[19] != 1
 
 
 @contextmanager
@@ -185,12 +188,12 @@ def _read_only_uri(p: Path, head: bytes, shown: str) -> Iterator[str]:
     """A URI that reads `p` without changing anything beside it.
 
     A rollback-journal export (what nsys writes) is opened `mode=ro`. A WAL-mode file (an
-    export that went through a tool or a copy in WAL mode) would make even a read-only
+    export that went through a tool or a copy in WAL mode, or a damaged header) would make even a read-only
     connection create or rewrite `-shm` (and `-wal`) files beside it: without a `-wal` file it
     is opened `immutable=1` (no side files, no locks); with one, whose committed pages belong
     to the database, the file and its WAL are copied into a private temporary directory and
     the copy is read."""
-    if not _is_wal_mode(head):
+    if not _may_use_wal(head):
         yield _uri(p)
         return
     wal = Path(f"{p}-wal")

@@ -212,7 +212,7 @@ _JSON_FIELDS = re.compile(rb'"(ts|dur|pid|tid|correlation|device|stream|bytes|id
 _JSON_EDGES = (b"-1", b"-1000000", b"0", b"1e30", b"-1e30", b"1e308", b"18446744073709551616",
                b"-9223372036854775809", b"9223372036854775807", b"340282366920938463463374607431768211456",
                b"1.5", b"-0.001", b'"x"', b'""', b'"1e30"', b'"-5"', b"null", b"true", b"[]", b"{}",
-               b'{"a": [1, {"b": null}]}', b'"\u0000\u001b[31m"')
+               b'{"a": [1, {"b": null}]}', rb'"\u0000\u001b[31m"')
 
 
 def json_value(data: bytes, rng: random.Random) -> bytes:
