@@ -408,3 +408,19 @@ def test_kineto_ids_past_64_bits_are_refused_with_the_field(tmp_path):
     _raises(path, f"pid value {2**64} does not fit 64 bits")
     path.write_text(json.dumps(trace(2**63 - 1)))  # the largest that fits is read as it is
     assert load_trace(path).api_calls["pid"].to_list() == [2**63 - 1]
+
+
+def test_kineto_number_past_64_bits_as_a_name_is_read_as_text(tmp_path):
+    """Found by the fuzzer: a name of 2**128 (a number, not a string) overflowed polars."""
+    import json
+
+    events = [{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 11, "tid": 11, "ts": 5,
+               "dur": 2, "args": {"correlation": 1}},
+              {"ph": "X", "cat": "kernel", "name": 2**128, "pid": 0, "tid": 7, "ts": 10, "dur": 5,
+               "args": {"device": 0, "stream": 7, "correlation": 1}},
+              {"ph": "X", "cat": "user_annotation", "name": 2**128, "pid": 11, "tid": 11, "ts": 1, "dur": 50}]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    trace = load_trace(path)
+    assert trace.kernels["name"].to_list() == [str(2**128)]
+    assert trace.nvtx["name"].to_list() == [str(2**128)]

@@ -382,7 +382,7 @@ def _as_text(values: list, name: str) -> pl.Series:
     """Text from JSON strings; a number or anything else becomes its text, null stays null."""
     try:
         return pl.Series(name, values, dtype=STR, strict=True)
-    except (TypeError, ValueError, pl.exceptions.PolarsError):
+    except (TypeError, ValueError, OverflowError, pl.exceptions.PolarsError):  # 2**128 as a name
         return pl.Series(name, [v if isinstance(v, str) else (None if v is None else str(v)) for v in values],
                          dtype=STR)
 
