@@ -35,7 +35,7 @@ test: $(BROWSER_STAMP)
 bench: $(STAMP)
 	$(PY) bench/bench_check.py $(BENCH_ARGS)
 
-## fuzz: byte-mutated copies of every sample and real trace through the whole check (FUZZ_CASES,
+## fuzz: mutated copies of every sample and real trace (SQLite, Kineto JSON, parquetdir) through the whole check (FUZZ_CASES,
 ## default 10000; FUZZ_ARGS="--first 10000" for new cases, "--case N --keep out/" to rerun one)
 FUZZ_CASES ?= 10000
 .PHONY: fuzz

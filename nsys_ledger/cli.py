@@ -17,6 +17,8 @@ import click
 from nsys_ledger import __version__
 from nsys_ledger.errors import InputError
 from nsys_ledger.report.text import printable
+from nsys_ledger.safety import (MAX_BATCH, finite_number, gap_us_option, guard_outputs, regex_option,
+                                write_atomically)
 
 EXIT_INPUT_ERROR = 2
 STDOUT = "-"  # `--json -`: the document on stdout, as Unix tools read `-`
@@ -33,20 +35,6 @@ def _fail(message: str) -> None:
     # printable: a file name may hold a newline or an ESC; the error must stay one line
     click.echo(f"nsys-ledger: error: {printable(message)}", err=True)
     sys.exit(EXIT_INPUT_ERROR)
-
-
-def _writable(path: str) -> Path:
-    """Fail early (before the work) when an output file cannot be written."""
-    target = Path(path)
-    if target.is_dir():
-        raise InputError(path, "cannot write output: is a directory")
-    if not target.parent.exists():
-        raise InputError(path, f"cannot write output: directory {target.parent} does not exist")
-    if not target.parent.is_dir():
-        raise InputError(path, f"cannot write output: {target.parent} is not a directory")
-    if not os.access(target.parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
-        raise InputError(path, "cannot write output: permission denied")
-    return target
 
 
 def _empty_directory(path: str) -> Path:
@@ -69,6 +57,10 @@ class _Group(click.Group):
             return super().invoke(ctx)
         except InputError as error:
             _fail(str(error))
+        except click.UsageError as error:  # a bad option value: one line naming the option
+            param = getattr(error, "param", None)
+            hint = param.opts[0] if param is not None and getattr(param, "opts", None) else None
+            _fail(f"{hint}: {error.message}" if hint else error.message)
         except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit):
             raise
         except Exception as error:  # a bug or an input we did not foresee: still one line
@@ -94,15 +86,16 @@ def main() -> None:
 @main.command()
 @click.argument("traces", metavar="TRACE...", nargs=-1, required=True, type=click.Path(dir_okay=True, path_type=str))
 @click.option("--expect", "expect", type=click.Path(path_type=str), help="Expectations (ledger) TOML file.")
-@click.option("--step-nvtx", help="Regex of the NVTX range that marks one decode step.")
+@click.option("--step-nvtx", callback=regex_option, help="Regex of the NVTX range that marks one decode step.")
 @click.option(
     "--step-method",
     type=click.Choice(["auto", "nvtx", "graph", "marker", "capture"]),
     default=None,
     help="Force how steps are found (default: the expectations' [steps] method, else auto).",
 )
-@click.option("--gap-us", type=float, help="Gap threshold in microseconds (default: expectations, else 2).")
-@click.option("--batch", type=click.IntRange(1), default=None,
+@click.option("--gap-us", type=float, callback=gap_us_option,
+              help="Gap threshold in microseconds (default: expectations, else 2).")
+@click.option("--batch", type=click.IntRange(1, MAX_BATCH), default=None,
               help="Requests per decode step, for kernels per output token (default: the expectations' batch).")
 @click.option("--per-stream-gaps", is_flag=True, help="Also find the idle gaps of every stream on its own.")
 @click.option("--json", "json_path", type=click.Path(path_type=str),
@@ -160,14 +153,12 @@ def check(traces, captures, trace_out, expect, step_nvtx, step_method, gap_us, b
     from nsys_ledger.report.terminal import render
 
     json_to_stdout = json_path == STDOUT
-    outputs = [
-        (label, writer, _writable(path))
-        for label, writer, path in (("json", write_json, None if json_to_stdout else json_path),
-                                    ("html", write_html, html_path), ("junit", write_junit, junit_path),
-                                    ("markdown", write_markdown, markdown_path),
-                                    ("trace-out", write_chrome_trace, trace_out))
-        if path
-    ]
+    wanted = [(label, writer, path) for label, writer, path in (
+        ("json", write_json, None if json_to_stdout else json_path), ("html", write_html, html_path),
+        ("junit", write_junit, junit_path), ("markdown", write_markdown, markdown_path),
+        ("trace-out", write_chrome_trace, trace_out)) if path]
+    targets = guard_outputs([(f"--{label}", path) for label, _, path in wanted], [*traces, *captures, expect])
+    outputs = [(label, writer, target) for (label, writer, _), target in zip(wanted, targets)]
     _reject_ledgers_given_as_traces(traces)
     if (junit_path or markdown_path) and not expect and not summary_only:
         _fail("--junit/--markdown gate a CI job on a ledger and none was given: add --expect FILE "
@@ -226,10 +217,8 @@ def _check_with_captures(traces, captures, expect, **options):
 
 
 def _write_output(writer, result, target: Path, label: str, err: bool = False) -> None:
-    try:
-        writer(result, target)
-    except OSError as error:  # checked before the work, but a disk can fill up meanwhile
-        raise InputError(target, f"cannot write output: {error.strerror or error}") from None
+    # checked before the work, but a disk can fill up meanwhile: then the old file stays
+    write_atomically(target, lambda path: writer(result, path))
     click.echo(f"{label:<9} {target}", err=err)
 
 
@@ -238,10 +227,11 @@ def _write_output(writer, result, target: Path, label: str, err: bool = False) -
 @click.argument("after", type=click.Path(dir_okay=True, path_type=str))
 @click.option("--expect", "expect", type=click.Path(path_type=str),
               help="Expectations (ledger) TOML file: names the ops and runs the checks on both traces.")
-@click.option("--step-nvtx", help="Regex of the NVTX range that marks one decode step.")
+@click.option("--step-nvtx", callback=regex_option, help="Regex of the NVTX range that marks one decode step.")
 @click.option("--step-method", type=click.Choice(["auto", "nvtx", "graph", "marker", "capture"]), default=None,
               help="Force how steps are found in both traces.")
-@click.option("--gap-us", type=float, help="Gap threshold in microseconds (default: expectations, else 2).")
+@click.option("--gap-us", type=float, callback=gap_us_option,
+              help="Gap threshold in microseconds (default: expectations, else 2).")
 @click.option("--allow-launches", type=click.FloatRange(0), default=0, show_default=True,
               help="Extra kernel launches per step (median; in all, per op, per layer group) still not worse.")
 @click.option("--max-slowdown", type=click.FloatRange(0), default=None,
@@ -275,12 +265,11 @@ def diff(before, after, expect, step_nvtx, step_method, gap_us, allow_launches, 
     from nsys_ledger.report.diff_report import render_diff, write_diff_html, write_diff_json
 
     json_to_stdout = json_path == STDOUT
-    outputs = [
-        (label, writer, _writable(path))
-        for label, writer, path in (("json", write_diff_json, None if json_to_stdout else json_path),
-                                    ("html", write_diff_html, html_path))
-        if path
-    ]
+    wanted = [(label, writer, path) for label, writer, path in
+              (("json", write_diff_json, None if json_to_stdout else json_path), ("html", write_diff_html, html_path))
+              if path]
+    targets = guard_outputs([(f"--{label}", path) for label, _, path in wanted], [before, after, expect])
+    outputs = [(label, writer, target) for (label, writer, _), target in zip(wanted, targets)]
     _reject_ledgers_given_as_traces((before, after))
     expectations_ = load_expectations(expect) if expect else None
     options = dict(step_nvtx=step_nvtx, step_method=step_method, gap_us=gap_us)
@@ -334,11 +323,8 @@ def expectations_match(file, as_json) -> None:
     from nsys_ledger.ledger import load_expectations
 
     classifier = OpClassifier(load_expectations(file))
-    for line in sys.stdin:
-        name = line.rstrip("\r\n")
-        if not name.strip():
-            continue
-        match = classifier.classify(name)
+    names = [name for name in (line.rstrip("\r\n") for line in sys.stdin) if name.strip()]
+    for name, match in zip(names, classifier.classify_many(names)):  # each pattern runs once over all
         if as_json:
             click.echo(json.dumps({
                 "name": name, "op": match.op if match.matched_by != "none" else None, "group": match.group,
@@ -389,6 +375,9 @@ def _param_pair(ctx, param, values) -> dict[str, float]:
             raise click.BadParameter(f"{item!r}: expected NAME=NUMBER, e.g. layers=78") from None
         if not sep or not name.strip().isidentifier():
             raise click.BadParameter(f"{item!r}: expected NAME=NUMBER, e.g. layers=78")
+        problem = finite_number(pairs[name.strip()], f"parameter {name.strip()!r}", low=0, high=2.0 ** 53)
+        if problem:
+            raise click.BadParameter(f"{item!r}: {problem}")
     return pairs
 
 
@@ -398,7 +387,10 @@ def _step_span(ctx, param, value) -> tuple[int, int] | None:
     low, sep, high = value.partition("-")
     if not (low.strip().isdigit() and (not sep or high.strip().isdigit())):
         raise click.BadParameter(f"{value!r}: expected A-B or A (decode step indexes)")
-    return int(low), int(high if sep else low)
+    first, last = int(low), int(high if sep else low)
+    if first > last:
+        raise click.BadParameter(f"{value!r}: the first step {first} is after the last {last}")
+    return first, last
 
 
 @main.command()
@@ -411,7 +403,7 @@ def _step_span(ctx, param, value) -> tuple[int, int] | None:
 @click.option("--params", "named_params", multiple=True, callback=_param_pair, metavar="NAME=N",
               help="Name a count for formulas (repeatable): --params moe_layers=75 writes 'moe_layers' for 75.")
 @click.option("--from-steps", callback=_step_span, metavar="A-B", help="Learn only from these decode steps (per rank).")
-@click.option("--step-nvtx", help="Regex of the NVTX range that marks one step.")
+@click.option("--step-nvtx", callback=regex_option, help="Regex of the NVTX range that marks one step.")
 @click.option("--step-method", type=click.Choice(["auto", "nvtx", "graph", "marker", "capture"]), default=None,
               help="How to find steps (capture: each process's whole capture is one step).")
 @click.option("--name", help="The ledger's [model] name.")
@@ -428,7 +420,7 @@ def learn(traces, out, base, tolerance, named_params, from_steps, step_nvtx, ste
     from nsys_ledger.learn import LearnError, LearnOptions, learn as learn_ledger, write_learned_ledger
     from nsys_ledger.multifile import check_many
 
-    target = _writable(out)
+    target, = guard_outputs([("--out", out)], [*traces, base])
     options = LearnOptions(
         base=load_expectations(base) if base else None, tolerance=tolerance, named_params=named_params,
         from_steps=from_steps, step_nvtx=step_nvtx, step_method=step_method, name=name,
@@ -461,9 +453,9 @@ def inspect(files, json_path) -> None:
     from nsys_ledger.trace.inspect_export import inspect_document, inspect_export
 
     json_to_stdout = json_path == STDOUT
-    target = _writable(json_path) if json_path and not json_to_stdout else None
-    if target is not None:
-        _refuse_output_onto_input(target, files)
+    target = None
+    if json_path and not json_to_stdout:
+        target, = guard_outputs([("--json", json_path)], files)
     _reject_ledgers_given_as_traces(files, advice="`nsys-ledger expectations show FILE` prints it")
     inventories = [inspect_export(path) for path in files]  # every file read before anything is printed
     width = terminal_width()
@@ -474,16 +466,6 @@ def inspect(files, json_path) -> None:
     elif target is not None:
         _write_output(lambda doc, path: Path(path).write_text(dumps_indented(doc) + "\n", encoding="utf-8"),
                       document, target, "json")
-
-
-def _refuse_output_onto_input(target: Path, inputs) -> None:
-    """An output path that names one of the input files would overwrite the trace: refuse it."""
-    if not target.exists():
-        return
-    for path in inputs:
-        with contextlib.suppress(OSError):
-            if os.path.samefile(target, path):
-                raise InputError(target, "cannot write output: it is one of the input files")
 
 
 # What each `synth --fault` does to the decode steps (synth/generate.py and synth/schedule.py).
@@ -583,7 +565,7 @@ def synth(out, mode, steps, ranks, batch, seed, faults, step_nvtx, nsys_version,
     if columnar:
         _empty_directory(out)
     else:
-        _writable(out)
+        guard_outputs([("OUT", out)], [])
     # A columnar export is the SQLite export converted, table by table (synth/parquet_writer.py).
     scratch = tempfile.TemporaryDirectory(prefix="nsys-ledger-synth-") if columnar else contextlib.nullcontext()
     with scratch as tmp:

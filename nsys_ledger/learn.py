@@ -19,12 +19,10 @@ or that was seen in fewer than MIN_STABLE_STEPS steps, becomes a range, never an
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import os
 import re
-import tempfile
 import tomllib
 from collections import Counter
 from collections.abc import Sequence
@@ -57,6 +55,7 @@ from nsys_ledger.ledger.model import (
     StepRule,
 )
 from nsys_ledger.multifile import check_many
+from nsys_ledger.safety import write_atomically
 
 STEP_KEY = ["rank", "step"]
 OUTSIDE_LAYERS_GROUP = "step"  # ops that run outside the decoder layers (embedding, LM head, sampling)
@@ -131,26 +130,11 @@ def learned_ledger_text(ledger: Expectations) -> str:
 
 
 def write_learned_ledger(ledger: Expectations, path: str | os.PathLike[str]) -> None:
-    """Validate, then write `path` whole or not at all: a temporary file beside it, renamed over
-    it, so a failure leaves neither a partial ledger nor a stray file behind."""
+    """Validate, then write `path` whole or not at all (safety.write_atomically: a temporary
+    file beside it, renamed over it), so a failure leaves neither a partial ledger nor a stray
+    file behind."""
     text = learned_ledger_text(ledger)
-    target = os.fspath(path)
-    handle, temporary = tempfile.mkstemp(prefix=".learned-", suffix=".toml", dir=os.path.dirname(target) or ".")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(text)
-        os.chmod(temporary, 0o666 & ~_umask())  # mkstemp's 0600 -> what a plain open() would give
-        os.replace(temporary, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+    write_atomically(path, lambda target: target.write_text(text, encoding="utf-8"))
 
 
 # ---- pass 1: kernel names into ops ---------------------------------------------------------

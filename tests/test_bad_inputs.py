@@ -50,6 +50,21 @@ def _sha(path: Path) -> str | None:
     return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
 
 
+def _folder_state(folder: Path) -> dict[str, tuple]:
+    """Every entry under `folder`: its kind, its bytes' sha256 and its mtime (links not followed),
+    so a changed byte, a touched file or a new side file (-wal, -shm, a cache) all show."""
+    state = {}
+    for item in sorted(folder.rglob("*")):
+        st = item.lstat()
+        if stat.S_ISREG(st.st_mode):
+            state[str(item.relative_to(folder))] = ("file", _sha(item), st.st_mtime_ns)
+        elif stat.S_ISLNK(st.st_mode):
+            state[str(item.relative_to(folder))] = ("link", os.readlink(item), st.st_mtime_ns)
+        else:
+            state[str(item.relative_to(folder))] = ("other", stat.S_IFMT(st.st_mode), st.st_mtime_ns)
+    return state
+
+
 @dataclass
 class Case:
     """One command line and what it must do."""
@@ -60,9 +75,14 @@ class Case:
     inputs: list[Path] = field(default_factory=list)  # files whose bytes must not change
     env: dict[str, str] | None = None
     exit_code: int = 2
+    stdin: str | None = None
+    # folders whose every entry (names, bytes, modification times, side files) must not change
+    folders: list[Path] = field(default_factory=list)
     result: subprocess.CompletedProcess | None = None
     before: dict[Path, str | None] = field(default_factory=dict)
     after: dict[Path, str | None] = field(default_factory=dict)
+    folders_before: dict[Path, dict] = field(default_factory=dict)
+    folders_after: dict[Path, dict] = field(default_factory=dict)
 
 
 # ---- inputs ----------------------------------------------------------------------------------
@@ -296,6 +316,8 @@ def _catalog(tmp: Path) -> dict[str, Case]:
         read_only.chmod(stat.S_IRUSR | stat.S_IXUSR)
         output_case("json-permission-denied", read_only / "r.json", "permission denied")
 
+    cases.update(_robust_catalog(tmp / "robust"))
+
     # -- the other two exit codes, for the README table
     cases["exit-0-pass"] = Case(["check", str(HEALTHY), "--expect", str(GLM)], str(HEALTHY),
                                 "checks passed on 4 decode steps", [HEALTHY, GLM],
@@ -305,13 +327,314 @@ def _catalog(tmp: Path) -> dict[str, Case]:
     return cases
 
 
+# ---- never lose a byte (issue 20): outputs over inputs, side files, hangs, blow-ups ------------
+#
+# Each case lives in a folder of its own, and the whole folder (names, bytes, modification
+# times, links) must be as it was after the run: nothing overwritten, nothing written beside.
+
+LONG_NAME = "a" * 50_000 + "!"  # `(a+)+$` backtracks exponentially on it in Python's re
+
+
+def _kineto_events(**changes) -> dict:
+    """A tiny Kineto trace (one launch, its kernel and an H2D copy); `changes` edit the events
+    as "event.field" (event: call, kernel, copy; field: a key or args.KEY)."""
+    events = {
+        "call": {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 11, "tid": 11, "ts": 5,
+                 "dur": 2, "args": {"correlation": 1}},
+        "kernel": {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 10, "dur": 5,
+                   "args": {"device": 0, "stream": 7, "correlation": 1}},
+        "copy": {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pageable -> Device)", "pid": 0, "tid": 7,
+                 "ts": 20, "dur": 5, "args": {"device": 0, "stream": 7, "correlation": 2, "bytes": 4096}},
+    }
+    for key, value in changes.items():
+        event, _, name = key.partition(".")
+        target = events[event]
+        if name.startswith("args."):
+            target, name = target["args"], name[len("args."):]
+        target[name] = value
+    return {"traceEvents": list(events.values())}
+
+
+def _glm_text(old: str, new: str) -> str:
+    text = GLM.read_text(encoding="utf-8")
+    assert text.count(old) == 1, old
+    return text.replace(old, new)
+
+
+def _write_json(path: Path, document: object) -> Path:
+    import json
+
+    path.write_text(json.dumps(document))
+    return path
+
+
+def _wal_export(dst: Path, *statements: str, keep_wal: bool) -> Path:
+    """A copy of the healthy sample in WAL mode; `statements` committed to its -wal file and
+    left there (not checkpointed) when `keep_wal`, as a copy taken from a live database is."""
+    _copy(HEALTHY, dst)
+    conn = sqlite3.connect(dst)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA wal_autocheckpoint=0")
+    for statement in statements:
+        conn.execute(statement)
+    conn.commit()
+    if keep_wal:  # closing would checkpoint and delete the -wal: copy the pair while it is open
+        shutil.copyfile(dst, dst.with_name("copied.sqlite"))
+        shutil.copyfile(f"{dst}-wal", dst.with_name("copied.sqlite-wal"))
+    conn.close()
+    if keep_wal:
+        os.replace(dst.with_name("copied.sqlite"), dst)
+        os.replace(dst.with_name("copied.sqlite-wal"), f"{dst}-wal")
+    for side in ("-shm", "-journal"):
+        Path(f"{dst}{side}").unlink(missing_ok=True)
+    assert Path(f"{dst}-wal").exists() == keep_wal
+    return dst
+
+
+def _gzip_bomb(path: Path, inflated: int) -> Path:
+    import zlib
+
+    packer = zlib.compressobj(9, zlib.DEFLATED, 31)
+    chunk = b" " * (1 << 20)
+    with open(path, "wb") as out:
+        for _ in range(inflated // len(chunk)):
+            out.write(packer.compress(chunk))
+        out.write(packer.flush())
+    return path
+
+
+def _robust_catalog(root: Path) -> dict[str, Case]:
+    cases: dict[str, Case] = {}
+
+    def folder(name: str) -> Path:
+        path = root / name
+        path.mkdir(parents=True)
+        return path
+
+    def case(name: str, argv: list, blame: str | Path, problem: str, *, exit_code: int = 2,
+             stdin: str | None = None, env: dict[str, str] | None = None, inputs: list[Path] = ()) -> None:
+        assert ROBUST_CASES[name] == exit_code, name
+        cases[name] = Case([str(a) for a in argv], str(blame), problem, list(inputs), env, exit_code, stdin,
+                           [root / name])
+
+    def trace_in(name: str, source: Path = HEALTHY, as_name: str = "t.sqlite") -> Path:
+        return _copy(source, folder(name) / as_name)
+
+    def ledger_in(where: Path, text: str | None = None, as_name: str = "ledger.toml") -> Path:
+        target = where / as_name
+        target.write_text(GLM.read_text(encoding="utf-8") if text is None else text, encoding="utf-8")
+        return target
+
+    # -- 1. outputs over inputs: refused before any work, naming the output and the input
+    t = trace_in("out-json-onto-trace")
+    case("out-json-onto-trace", ["check", t, "--json", t], t, "cannot write output (--json): it is the input")
+    t = trace_in("out-trace-out-onto-trace")
+    case("out-trace-out-onto-trace", ["check", t, "--trace-out", t], t, "(--trace-out): it is the input")
+    t = trace_in("out-html-onto-ledger")
+    ledger = ledger_in(t.parent)
+    case("out-html-onto-ledger", ["check", t, "--expect", ledger, "--html", ledger], ledger,
+         f"(--html): it is the input {ledger}")
+    t = trace_in("out-markdown-onto-capture")
+    capture = _copy(SAMPLES / "glm5-graph-healthy.trace.json.gz", t.parent / "capture.trace.json.gz")
+    case("out-markdown-onto-capture", ["check", t, "--capture", capture, "--markdown", capture], capture,
+         "(--markdown): it is the input")
+    a = trace_in("out-diff-json-onto-before")
+    b = _copy(FAULTED, a.parent / "b.sqlite")
+    case("out-diff-json-onto-before", ["diff", a, b, "--json", a], a, "(--json): it is the input")
+    t = trace_in("out-symlink-to-trace")
+    (t.parent / "link.json").symlink_to(t.name)
+    case("out-symlink-to-trace", ["check", t, "--json", t.parent / "link.json"], t.parent / "link.json",
+         f"(--json): it is the input {t}")
+    t = trace_in("out-hardlink-to-trace")
+    os.link(t, t.parent / "hard.json")
+    case("out-hardlink-to-trace", ["check", t, "--junit", t.parent / "hard.json"], t.parent / "hard.json",
+         f"(--junit): it is the input {t}")
+    parquet = folder("out-inside-parquetdir") / "t.parquetdir"
+    write_columnar(HEALTHY, parquet, "parquetdir")
+    case("out-inside-parquetdir", ["check", parquet, "--json", parquet / "r.json"], parquet / "r.json",
+         f"(--json): it is inside the input directory {parquet}")
+    t = trace_in("out-side-file-of-trace")  # SQLite would take it for the trace's write-ahead log
+    case("out-side-file-of-trace", ["check", t, "--json", f"{t}-wal"], f"{t}-wal", f"it is the input {t}")
+    t = trace_in("out-two-outputs-one-file")
+    case("out-two-outputs-one-file", ["check", t, "--json", t.parent / "r.out", "--html", t.parent / "r.out"],
+         t.parent / "r.out", "(--html): --json writes the same file")
+    t = trace_in("learn-out-onto-trace")
+    case("learn-out-onto-trace", ["learn", t, "--out", t], t, "cannot write output (--out): it is the input")
+    t = trace_in("learn-out-onto-base")
+    ledger = ledger_in(t.parent)
+    case("learn-out-onto-base", ["learn", t, "--base", ledger, "--out", ledger], ledger,
+         "cannot write output (--out): it is the input")
+
+    # -- 3. hangs: a FIFO is refused before it is opened for a blocking read
+    fifo = folder("fifo-trace") / "t.sqlite"
+    os.mkfifo(fifo)
+    case("fifo-trace", ["check", fifo], fifo, "is a FIFO (named pipe), not a regular file")
+    fifo = folder("fifo-kineto") / "t.trace.json.gz"
+    os.mkfifo(fifo)
+    case("fifo-kineto", ["check", fifo], fifo, "is a FIFO (named pipe), not a regular file")
+    t = trace_in("fifo-ledger")
+    os.mkfifo(t.parent / "ledger.toml")
+    case("fifo-ledger", ["check", t, "--expect", t.parent / "ledger.toml"], t.parent / "ledger.toml",
+         "is a FIFO (named pipe), not a regular file")
+    t = trace_in("fifo-learn-base")
+    os.mkfifo(t.parent / "base.toml")
+    case("fifo-learn-base", ["learn", t, "--base", t.parent / "base.toml", "--out", t.parent / "new.toml"],
+         t.parent / "base.toml", "is a FIFO (named pipe)")
+
+    # -- 4. unbounded memory: bounds are checked before anything is expanded or read whole
+    t = trace_in("layer-range-huge")
+    ledger = ledger_in(t.parent, _glm_text('layers = "0-2, 6-74/4"', 'layers = "0-2, 6-999999999/4"'))
+    case("layer-range-huge", ["check", t, "--expect", ledger], ledger, "layer 78 is outside 0-77")
+    t = trace_in("ledger-dev-zero")
+    case("ledger-dev-zero", ["check", t, "--expect", "/dev/zero"], "/dev/zero",
+         "is a character device, not a regular file")
+    t = trace_in("ledger-too-large")
+    big = ledger_in(t.parent, GLM.read_text(encoding="utf-8") + "#" * (5 * 1024 * 1024) + "\n")
+    case("ledger-too-large", ["check", t, "--expect", big], big, "larger than 4.0 MiB: too large for an expectations")
+    bomb = _gzip_bomb(folder("gzip-bomb") / "t.trace.json.gz", 256 * 1024 * 1024)
+    case("gzip-bomb", ["check", bomb], bomb, "gzip data inflates to more than 64.0 MiB")
+
+    # -- 5. what used to be an internal error: now one line naming the file or the option
+    deep = _write_json(folder("json-nested-100000") / "t.json", None)
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    case("json-nested-100000", ["check", deep], deep, "JSON nested too deeply")
+    t = trace_in("toml-nested-50000")
+    ledger = ledger_in(t.parent, "x = " + "[" * 50_000 + "]" * 50_000 + "\n")
+    case("toml-nested-50000", ["check", t, "--expect", ledger], ledger, "nested too deeply")
+    t = trace_in("param-chain-3000")
+    chain = "\n".join([f'c{i} = "c{i + 1} + 1"' for i in range(2999)] + ["c2999 = 1"])
+    ledger = ledger_in(t.parent, _glm_text("\n[params]\n", f"\n[params]\n{chain}\n"))
+    case("param-chain-3000", ["check", t, "--expect", ledger], ledger, "nested too deeply to evaluate")
+    parquet = folder("parquet-table-symlink-loop") / "t.parquetdir"
+    write_columnar(HEALTHY, parquet, "parquetdir")
+    (parquet / "CUPTI_ACTIVITY_KIND_KERNEL.parquet").unlink()
+    (parquet / "CUPTI_ACTIVITY_KIND_KERNEL.parquet").symlink_to("CUPTI_ACTIVITY_KIND_KERNEL.parquet")
+    case("parquet-table-symlink-loop", ["check", parquet], parquet,
+         "table file CUPTI_ACTIVITY_KIND_KERNEL.parquet is a symlink loop")
+    loop = folder("trace-symlink-loop") / "t.sqlite"
+    loop.symlink_to(loop.name)
+    case("trace-symlink-loop", ["check", loop], loop, "symlink loop")
+    for label, value, problem in (("nan", "nan", "NaN"), ("inf", "inf", "infinite"), ("negative", "-1", "above 0")):
+        t = trace_in(f"gap-us-{label}")
+        case(f"gap-us-{label}", ["check", t, "--gap-us", value], "--gap-us", problem)
+    t = trace_in("batch-10e30")
+    case("batch-10e30", ["check", t, "--batch", 10**30], "--batch", "is not in the range 1<=x<=1000000")
+    t = trace_in("step-nvtx-unclosed")
+    case("step-nvtx-unclosed", ["check", t, "--step-nvtx", "("], "--step-nvtx", "invalid regex")
+    t = trace_in("diff-step-nvtx-unclosed")
+    case("diff-step-nvtx-unclosed", ["diff", t, t, "--step-nvtx", "[z-a]"], "--step-nvtx", "invalid regex")
+    for label, value, problem in (("nan", "x=nan", "NaN"), ("1e400", "x=1e400", "infinite")):
+        t = trace_in(f"learn-params-{label}")
+        case(f"learn-params-{label}", ["learn", t, "--out", t.parent / "new.toml", "--params", value], "--params",
+             problem)
+    t = trace_in("learn-from-steps-reversed")
+    case("learn-from-steps-reversed", ["learn", t, "--out", t.parent / "new.toml", "--from-steps", "3-1"],
+         "--from-steps", "the first step 3 is after the last 1")
+    t = trace_in("learn-out-dev-full")
+    case("learn-out-dev-full", ["learn", t, "--out", "/dev/full", "--no-verify"], "/dev/full",
+         "cannot write output: No space left on device")
+
+    # -- 6. values no profiler writes
+    negative = _write_json(folder("kineto-negative-dur") / "t.json", _kineto_events(**{"kernel.dur": -5}))
+    case("kineto-negative-dur", ["check", negative], negative, "1 of 1 events have a negative duration (dur)")
+    big_pid = _write_json(folder("kineto-pid-past-64-bits") / "t.json", _kineto_events(**{"call.pid": 2**70}))
+    case("kineto-pid-past-64-bits", ["check", big_pid], big_pid,
+         f"pid value {2**70} does not fit 64 bits")
+    big_tid = _write_json(folder("kineto-tid-past-64-bits") / "t.json", _kineto_events(**{"call.tid": -(2**64)}))
+    case("kineto-tid-past-64-bits", ["check", big_tid], big_tid, f"tid value {-(2**64)} does not fit 64 bits")
+    huge = _write_json(folder("kineto-copy-1e30-bytes") / "t.json", _kineto_events(**{"copy.args.bytes": 1e30}))
+    case("kineto-copy-1e30-bytes", ["check", huge], huge, "args.bytes value 1e+30 does not fit 64 bits")
+    quoted = _write_json(folder("kineto-quoted-huge-correlation") / "t.json",
+                         _kineto_events(**{"kernel.args.correlation": "99999999999999999999999"}))
+    case("kineto-quoted-huge-correlation", ["check", quoted], quoted,
+         "args.correlation value 99999999999999999999999 does not fit 64 bits")
+    minus = _write_json(folder("kineto-negative-bytes") / "t.json", _kineto_events(**{"copy.args.bytes": -4096}))
+    case("kineto-negative-bytes", ["check", minus], minus, "1 of 1 copy or memset events have a negative size")
+    t = folder("sqlite-negative-copy-bytes") / "t.sqlite"
+    _with_sql(HEALTHY, t, "UPDATE CUPTI_ACTIVITY_KIND_MEMCPY SET bytes = -5 WHERE rowid = 1")
+    case("sqlite-negative-copy-bytes", ["check", t], t, "1 of 15 memcpy rows have a negative size (bytes")
+    parquet = folder("parquetdir-without-stringids") / "t.parquetdir"
+    write_columnar(HEALTHY, parquet, "parquetdir")
+    (parquet / "StringIds.parquet").unlink()
+    case("parquetdir-without-stringids", ["check", parquet], parquet,
+         "not an Nsight Systems export (no StringIds table)")
+    parquet = folder("parquetdir-table-is-device") / "t.parquetdir"
+    write_columnar(HEALTHY, parquet, "parquetdir")
+    (parquet / "StringIds.parquet").unlink()
+    (parquet / "StringIds.parquet").symlink_to("/dev/zero")
+    case("parquetdir-table-is-device", ["check", parquet], parquet,
+         "table file StringIds.parquet is a character device, not a regular file")
+
+    # -- 7. good input that used to be refused, and a broken export that used to be cached
+    as_json = trace_in("sqlite-named-json", as_name="t.json")
+    case("sqlite-named-json", ["check", as_json, "--expect", GLM], as_json, "checks passed on 4 decode steps",
+         exit_code=0)
+    bin_dir = folder("nsys-rep-broken-export") / "bin"
+    bin_dir.mkdir()
+    _executable(bin_dir / "nsys", 'case "$*" in *parquetdir*) exit 1;; esac\n'
+                'while [ "$#" -gt 0 ]; do if [ "$1" = "--output" ]; then out="$2"; fi; shift; done\n'
+                'echo "half an export" > "$out"\n')
+    report = bin_dir.parent / "decode.nsys-rep"
+    report.write_bytes(b"\x00\x01NSYS-REPORT\xff" * 256)
+    case("nsys-rep-broken-export", ["check", report], report,
+         "not an SQLite database (text file) (in the SQLite export nsys made)",
+         env={"PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"})
+
+    # -- 2. WAL-mode exports: read as they are, nothing beside them created or rewritten
+    wal = _wal_export(folder("wal-mode-export") / "t.sqlite", keep_wal=False)
+    case("wal-mode-export", ["check", wal, "--expect", GLM], wal, "checks passed on 4 decode steps", exit_code=0)
+    wal = _wal_export(folder("wal-with-committed-log") / "t.sqlite", "DELETE FROM CUPTI_ACTIVITY_KIND_MEMCPY",
+                      keep_wal=True)
+    case("wal-with-committed-log", ["check", wal], wal, "11,933 kernels (device 0: 11,933); 0 H2D copies",
+         exit_code=0)
+
+    # found by the fuzzer: a header whose read version alone says WAL made SQLite create -shm/-wal
+    damaged = folder("damaged-header-says-wal") / "t.sqlite"
+    header = bytearray(HEALTHY.read_bytes())
+    header[18], header[19] = 1, 2
+    damaged.write_bytes(bytes(header))
+    case("damaged-header-says-wal", ["check", damaged], damaged, "4 decode steps", exit_code=0)
+
+    # -- 3. a pattern that backtracks exponentially in Python's re, on a 50,001-character name
+    t = folder("redos-op-pattern") / "t.sqlite"
+    _with_sql(HEALTHY, t, f"UPDATE StringIds SET value = '{LONG_NAME}' WHERE id = "
+                          "(SELECT demangledName FROM CUPTI_ACTIVITY_KIND_KERNEL LIMIT 1)")
+    ledger = ledger_in(t.parent, _glm_text("patterns = ['FusedAddRMSNormKernel'",
+                                           "patterns = ['(a+)+$', 'FusedAddRMSNormKernel'"))
+    case("redos-op-pattern", ["check", t, "--expect", ledger], t, "checks passed on 4 decode steps", exit_code=0)
+    case("redos-expectations-match", ["expectations", "match", ledger], ledger, f"no op\t-\t-\t{LONG_NAME}",
+         exit_code=0, stdin=f"{LONG_NAME}\nFusedAddRMSNormKernel\n")
+    return cases
+
+
+# name -> the exit code; 2 joins ERROR_CASES (one line naming the file or option)
+ROBUST_CASES = {
+    "out-json-onto-trace": 2, "out-trace-out-onto-trace": 2, "out-html-onto-ledger": 2,
+    "out-markdown-onto-capture": 2, "out-diff-json-onto-before": 2, "out-symlink-to-trace": 2,
+    "out-hardlink-to-trace": 2, "out-inside-parquetdir": 2, "out-side-file-of-trace": 2,
+    "out-two-outputs-one-file": 2, "learn-out-onto-trace": 2, "learn-out-onto-base": 2,
+    "fifo-trace": 2, "fifo-kineto": 2, "fifo-ledger": 2, "fifo-learn-base": 2,
+    "layer-range-huge": 2, "ledger-dev-zero": 2, "ledger-too-large": 2, "gzip-bomb": 2,
+    "json-nested-100000": 2, "toml-nested-50000": 2, "param-chain-3000": 2, "parquet-table-symlink-loop": 2,
+    "trace-symlink-loop": 2, "gap-us-nan": 2, "gap-us-inf": 2, "gap-us-negative": 2, "batch-10e30": 2,
+    "step-nvtx-unclosed": 2, "diff-step-nvtx-unclosed": 2, "learn-params-nan": 2, "learn-params-1e400": 2,
+    "learn-from-steps-reversed": 2, "learn-out-dev-full": 2,
+    "kineto-negative-dur": 2, "kineto-pid-past-64-bits": 2, "kineto-tid-past-64-bits": 2,
+    "kineto-copy-1e30-bytes": 2, "kineto-quoted-huge-correlation": 2, "kineto-negative-bytes": 2,
+    "sqlite-negative-copy-bytes": 2, "parquetdir-without-stringids": 2, "parquetdir-table-is-device": 2,
+    "nsys-rep-broken-export": 2,
+    "sqlite-named-json": 0, "wal-mode-export": 0, "wal-with-committed-log": 0, "redos-op-pattern": 0,
+    "redos-expectations-match": 0, "damaged-header-says-wal": 0,
+}
+
+
 def _run(case: Case, cwd: Path) -> None:
     env = dict(os.environ)
     env.pop("NSYS_LEDGER_DEBUG", None)
     env.update(case.env or {})
     case.result = subprocess.run(
         _console_entry() + case.argv, cwd=cwd, env=env, capture_output=True, text=True,
-        timeout=HANG_GUARD_S, check=False,
+        timeout=HANG_GUARD_S, check=False, input=case.stdin if case.stdin is not None else "",
     )
 
 
@@ -328,6 +651,7 @@ def catalog(tmp_path_factory) -> Catalog:
     cases = _catalog(tmp)
     for case in cases.values():
         case.before = {p: _sha(p) for p in case.inputs}
+        case.folders_before = {f: _folder_state(f) for f in case.folders}
     holder = sqlite3.connect(tmp / "locked.sqlite", isolation_level=None)
     holder.execute("BEGIN EXCLUSIVE")
     try:
@@ -338,6 +662,7 @@ def catalog(tmp_path_factory) -> Catalog:
         holder.close()
     for case in cases.values():
         case.after = {p: _sha(p) for p in case.inputs}
+        case.folders_after = {f: _folder_state(f) for f in case.folders}
     return Catalog(cases, run_dir)
 
 
@@ -355,6 +680,7 @@ ERROR_CASES = [
     "expect-contradictory-range",
     "json-dir-missing", "json-is-directory", "json-parent-is-file", "synth-dir-missing",
     "json-permission-denied",
+    *(name for name, case in ROBUST_CASES.items() if case == 2),
 ]
 
 
@@ -374,6 +700,7 @@ def test_bad_input_is_one_line_exit_2_and_changes_nothing(catalog, name):
     assert "Traceback" not in result.stderr
     assert "internal error" not in line
     assert case.after == case.before
+    assert case.folders_after == case.folders_before
 
 
 def test_nsys_rep_is_converted_with_nsys_on_path_and_checked(catalog):
@@ -420,3 +747,52 @@ def test_readme_lists_the_exit_codes_the_catalog_produces(catalog):
     assert cases["exit-1-violated"].problem in cases["exit-1-violated"].result.stdout
     for name in ("exit-0-pass", "exit-1-violated"):
         assert cases[name].after == cases[name].before
+
+
+@pytest.mark.parametrize("name", [name for name, code in ROBUST_CASES.items() if code != 2])
+def test_good_input_is_read_and_nothing_beside_it_changes(catalog, name):
+    """A WAL-mode export (with or without a committed -wal), an SQLite export named .json and a
+    ledger whose op pattern backtracks exponentially in Python's re: read, in bounded time,
+    with no file created, rewritten or touched in their folder."""
+    case = catalog.cases[name]
+    result = case.result
+    assert result.returncode == case.exit_code, (result.returncode, result.stdout[-2000:], result.stderr[-2000:])
+    assert result.stderr == ""
+    assert case.problem in result.stdout
+    assert case.folders_after == case.folders_before
+
+
+def test_the_wal_cases_kept_their_side_files_as_they_were(catalog):
+    (with_log,) = catalog.cases["wal-with-committed-log"].folders_after.values()
+    (without,) = catalog.cases["wal-mode-export"].folders_after.values()
+    assert sorted(with_log) == ["t.sqlite", "t.sqlite-wal"]  # the log, and no -shm made by reading
+    assert sorted(without) == ["t.sqlite"]
+    (damaged,) = catalog.cases["damaged-header-says-wal"].folders_after.values()
+    assert sorted(damaged) == ["t.sqlite"]
+
+
+def test_a_broken_nsys_export_is_not_cached(catalog):
+    case = catalog.cases["nsys-rep-broken-export"]
+    assert case.result.returncode == 2
+    assert not (Path(case.blame).parent / "decode.nsys-rep.nsys-ledger-cache").exists()
+
+
+def test_an_output_is_replaced_whole_or_not_at_all(tmp_path):
+    """write_atomically: a writer that fails half-way leaves the old file and no temporary file."""
+    from nsys_ledger.errors import InputError
+    from nsys_ledger.safety import write_atomically
+
+    target = tmp_path / "r.json"
+    target.write_text("old\n")
+
+    def half_then_fail(path: Path) -> None:
+        path.write_text("{half")
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(InputError, match="r.json: cannot write output: No space left on device"):
+        write_atomically(target, half_then_fail)
+    assert target.read_text() == "old\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]
+    write_atomically(target, lambda path: path.write_text("new\n"))
+    assert target.read_text() == "new\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]

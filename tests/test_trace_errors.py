@@ -342,3 +342,83 @@ def test_invalid_utf8_text_is_replaced(tmp_path):
     t = load_trace(p)
     assert t.kernels["name"].to_list() == ["k\ufffdk"]
     assert t.meta.warnings == ("invalid UTF-8 in StringIds replaced with U+FFFD",)
+
+
+# ---- issue 20: bounded reads, linear-time regexes, values no profiler writes (in-process) -------
+
+def test_fifo_is_refused_without_blocking(tmp_path):
+    for name in ("t.sqlite", "t.json", "t.trace.json.gz", "t.nsys-rep"):
+        fifo = tmp_path / name
+        os.mkfifo(fifo)  # a blocking open would wait for a writer forever
+        _raises(fifo, "is a FIFO (named pipe), not a regular file")
+
+
+def test_character_device_is_refused(tmp_path):
+    with pytest.raises(TraceError, match=r"^/dev/zero: is a character device, not a regular file$"):
+        load_trace("/dev/zero")
+
+
+def test_sqlite_named_json_is_read_as_sqlite(tmp_path):
+    trace = _smallest_real_trace()
+    renamed = tmp_path / "export.json"
+    renamed.write_bytes(trace.read_bytes())
+    conn = sqlite3.connect(f"file:{trace}?mode=ro", uri=True)
+    kernels = conn.execute("SELECT COUNT(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
+    conn.close()
+    assert load_trace(renamed).kernels.height == kernels
+
+
+def test_gzip_is_inflated_in_bounded_chunks(tmp_path):
+    from nsys_ledger.safety import inflate_bounded
+
+    packed = gzip.compress(b" " * (8 * 1024 * 1024))
+    assert len(inflate_bounded(packed, "x", 8 * 1024 * 1024)) == 8 * 1024 * 1024
+    with pytest.raises(TraceError, match=r"^x: gzip data inflates to more than 4\.0 MiB"):
+        inflate_bounded(packed, "x", 4 * 1024 * 1024, TraceError)
+    # two members back to back (a concatenated gzip) inflate to both
+    assert inflate_bounded(gzip.compress(b"ab") + gzip.compress(b"cd"), "x", 10) == b"abcd"
+    with pytest.raises(TraceError, match="truncated gzip file"):
+        inflate_bounded(packed[:-20], "x", 16 * 1024 * 1024, TraceError)
+
+
+def test_op_patterns_run_in_linear_time():
+    """`(a+)+$` needs 2**n steps in Python's re on n a's and a mismatch; polars answers at once."""
+    from nsys_ledger.safety import regex_hits, regex_problem
+
+    name = "a" * 50_000 + "!"
+    assert regex_hits(["(a+)+$", "a!$", "^b"], [name, "aaa"]) == [[False, True], [True, False], [False, False]]
+    assert regex_problem("(a+)+$") is None
+    assert regex_problem("(") == "invalid regex (error: unclosed group)"
+
+
+def test_kineto_ids_past_64_bits_are_refused_with_the_field(tmp_path):
+    import json
+
+    def trace(pid):
+        return {"traceEvents": [
+            {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": pid, "tid": 1, "ts": 5, "dur": 2,
+             "args": {"correlation": 1}},
+            {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 10, "dur": 5,
+             "args": {"device": 0, "stream": 7, "correlation": 1}}]}
+
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(trace(2**64)))
+    _raises(path, f"pid value {2**64} does not fit 64 bits")
+    path.write_text(json.dumps(trace(2**63 - 1)))  # the largest that fits is read as it is
+    assert load_trace(path).api_calls["pid"].to_list() == [2**63 - 1]
+
+
+def test_kineto_number_past_64_bits_as_a_name_is_read_as_text(tmp_path):
+    """Found by the fuzzer: a name of 2**128 (a number, not a string) overflowed polars."""
+    import json
+
+    events = [{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 11, "tid": 11, "ts": 5,
+               "dur": 2, "args": {"correlation": 1}},
+              {"ph": "X", "cat": "kernel", "name": 2**128, "pid": 0, "tid": 7, "ts": 10, "dur": 5,
+               "args": {"device": 0, "stream": 7, "correlation": 1}},
+              {"ph": "X", "cat": "user_annotation", "name": 2**128, "pid": 11, "tid": 11, "ts": 1, "dur": 50}]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    trace = load_trace(path)
+    assert trace.kernels["name"].to_list() == [str(2**128)]
+    assert trace.nvtx["name"].to_list() == [str(2**128)]

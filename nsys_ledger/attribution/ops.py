@@ -6,13 +6,13 @@ distinct name is classified once (`classify_name`) and the result is joined back
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import polars as pl
 
 from nsys_ledger.attribution.kernel_names import GemmSignature, gemm_signature
 from nsys_ledger.ledger.model import Expectations, GemmShape, OpDef
+from nsys_ledger.safety import regex_hits
 
 UNMATCHED_OP = "other"
 
@@ -60,25 +60,34 @@ def _kind_matches(declared: str, stated: str) -> bool:
 
 
 class OpClassifier:
-    """The ledger's ops in match order, compiled once."""
+    """The ledger's ops in match order.
+
+    Patterns run in polars (Rust's `regex` crate: linear time in the name, so a pattern such
+    as `(a+)+$` cannot hang on a long name); `classify_many` runs each pattern once over all
+    the names, then picks each name's first matching op in declaration order."""
 
     def __init__(self, expectations: Expectations | None):
-        self._ops: list[tuple[OpDef, list[re.Pattern[str]]]] = []
-        if expectations is not None:
-            self._ops = [(op, [re.compile(p) for p in op.patterns]) for op in expectations.ops.values()]
-        self._reads_shapes = any(op.gemm for op, _ in self._ops)  # else no name needs parsing
+        self._ops: list[OpDef] = list(expectations.ops.values()) if expectations is not None else []
+        self._reads_shapes = any(op.gemm for op in self._ops)  # else no name needs parsing
 
     def classify(self, kernel_name: str) -> OpMatch:
         """The first declared op whose pattern or GEMM shape matches (declaration order)."""
+        return self.classify_many([kernel_name])[0]
+
+    def classify_many(self, kernel_names: list[str]) -> list[OpMatch]:
+        hits = [regex_hits(op.patterns, kernel_names) for op in self._ops]
+        return [self._first_match(i, name, hits) for i, name in enumerate(kernel_names)]
+
+    def _first_match(self, index: int, kernel_name: str, hits: list[list[list[bool]]]) -> OpMatch:
         signature = gemm_signature(kernel_name) if self._reads_shapes else None
-        for op, patterns in self._ops:
+        for op, op_hits in zip(self._ops, hits):
             if signature is not None:
                 shape = next((s for s in op.gemm if gemm_matches(s, signature)), None)
                 if shape is not None:
                     return OpMatch(op.name, op.group, BY_GEMM, shape.describe(), op.fallback)
-            pattern = next((rx for rx in patterns if rx.search(kernel_name)), None)
+            pattern = next((p for p, found in zip(op.patterns, op_hits) if found[index]), None)
             if pattern is not None:
-                return OpMatch(op.name, op.group, BY_PATTERN, pattern.pattern, op.fallback)
+                return OpMatch(op.name, op.group, BY_PATTERN, pattern, op.fallback)
         return OpMatch(UNMATCHED_OP, None, BY_NOTHING, "", False)
 
 
@@ -96,8 +105,7 @@ class OpClassifier:
 def op_table(names: pl.Series, expectations: Expectations | None) -> pl.DataFrame:
     """`name -> op, group, matched_by, fallback` for each distinct name."""
     distinct = names.unique().drop_nulls().to_list()
-    classifier = OpClassifier(expectations)
-    matches = [classifier.classify(kernel_name) for kernel_name in distinct]
+    matches = OpClassifier(expectations).classify_many(distinct)
     return pl.DataFrame(
         {
             "name": distinct,

@@ -13,6 +13,7 @@ from nsys_ledger.errors import ExpectationsError
 from nsys_ledger.ledger.document import TOP_LEVEL, read_expectations
 from nsys_ledger.ledger.model import Expectations
 from nsys_ledger.ledger.reading import LedgerReader
+from nsys_ledger.safety import MAX_LEDGER_BYTES, read_bounded
 # Imported from here before the package was split; kept so those imports still work.
 from nsys_ledger.ledger.render import render_expectations
 from nsys_ledger.ledger.sections.layers import compact_layers
@@ -26,14 +27,10 @@ __all__ = ["DEFAULT_GAP_US", "STEP_METHODS", "TOP_LEVEL", "compact_layers", "loa
 def load_expectations(path: str | Path) -> Expectations:
     """Read, validate and evaluate an expectations TOML file."""
     p = Path(path)
-    try:
-        data = p.read_bytes()
-    except FileNotFoundError:
-        raise ExpectationsError(path, "no such file") from None
-    except IsADirectoryError:
-        raise ExpectationsError(path, "is a directory, not an expectations file") from None
-    except OSError as exc:
-        raise ExpectationsError(path, f"cannot read: {exc.strerror or exc}") from None
+    if p.is_dir():
+        raise ExpectationsError(path, "is a directory, not an expectations file")
+    # a regular file of at most MAX_LEDGER_BYTES: a FIFO or /dev/zero never blocks or fills memory
+    data = read_bounded(p, str(path), MAX_LEDGER_BYTES, "an expectations file", ExpectationsError)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -42,4 +39,10 @@ def load_expectations(path: str | Path) -> Expectations:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ExpectationsError(path, f"not valid TOML: {exc}") from None
-    return read_expectations(LedgerReader(str(path), text), doc)
+    except RecursionError:  # tomllib recurses once per nested array or inline table
+        raise ExpectationsError(path, "not valid TOML: arrays or tables nested too deeply") from None
+    try:
+        return read_expectations(LedgerReader(str(path), text), doc)
+    except RecursionError:  # a formula or parameter chain deeper than the interpreter's stack
+        raise ExpectationsError(path, "formulas or parameters nested too deeply to evaluate "
+                                      "(a chain of parameters, each naming the next?)") from None

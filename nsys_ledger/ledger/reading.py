@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from nsys_ledger.errors import ExpectationsError
+from nsys_ledger.safety import regex_problem
 from nsys_ledger.ledger.formula import FormulaError, Number, evaluate
 from nsys_ledger.ledger.model import Range
 
@@ -174,7 +175,7 @@ class LedgerReader:
         return int(v)
 
     def regex(self, value: Any, key: str, what: str) -> str:
-        """A regex that both Python's re and polars accept."""
+        """A regex that both Python's re and polars accept; polars (linear time) runs it."""
         if not isinstance(value, str):
             raise self.fail(key, f"wrong type: expected a regex string, got {type_name(value)}")
         if value == "":
@@ -188,6 +189,9 @@ class LedgerReader:
                 raise self.fail(
                     key, f"{what}: regex {value!r} uses {name}, which polars' regex engine does not support"
                 )
+        problem = regex_problem(value)
+        if problem:
+            raise self.fail(key, f"{what}: {problem}")
         return value
 
     def make_range(self, low: Number | None, high: Number | None, key: str) -> Range:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from nsys_ledger.errors import TraceError
+from nsys_ledger.safety import read_head
 from nsys_ledger.trace.columnar_reader import is_table_directory, load_columnar
 from nsys_ledger.trace.kineto_reader import is_kineto_file, load_kineto
 from nsys_ledger.trace.model import Trace, TraceMeta
@@ -25,20 +27,18 @@ _REPORT_SUFFIXES = (".nsys-rep", ".qdrep")
 def load_trace(path: str | os.PathLike[str], *, cache: bool = True) -> Trace:
     """Read a trace file into a Trace. Raises TraceError (``<path>: <problem>``).
 
-    `cache=False`: export an `.nsys-rep` into a temporary directory, not the cache beside it."""
+    The format is told by content (an SQLite export named *.json is read as SQLite); a path
+    that is neither a directory nor a regular file (a FIFO, a device) is refused before any
+    read, so nothing blocks on it. `cache=False`: export an `.nsys-rep` into a temporary
+    directory, not the cache beside it."""
     p = Path(path)
-    if is_table_directory(p):
-        return load_columnar(path)
-    if p.name.lower().endswith(_REPORT_SUFFIXES) and p.is_file() and not _is_sqlite(p):
+    if os.path.isdir(p):
+        return load_columnar(path) if is_table_directory(p) else load_sqlite(path)
+    head = read_head(p, str(path), len(SQLITE_MAGIC), TraceError)  # refuses a FIFO, a device, a loop
+    if head == SQLITE_MAGIC:
+        return load_sqlite(path)
+    if p.name.lower().endswith(_REPORT_SUFFIXES) and head:
         return load_report(p, str(path), cache=cache)
     if is_kineto_file(p):
         return load_kineto(path)
     return load_sqlite(path)
-
-
-def _is_sqlite(p: Path) -> bool:
-    try:
-        with open(p, "rb") as fh:
-            return fh.read(len(SQLITE_MAGIC)) == SQLITE_MAGIC
-    except OSError:
-        return False

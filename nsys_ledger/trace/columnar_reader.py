@@ -15,7 +15,9 @@ that names the table file.
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -25,6 +27,7 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 from nsys_ledger.errors import TraceError
+from nsys_ledger.safety import file_kind
 from nsys_ledger.trace.export_tables import ExportReader, RowFilter, contiguous
 from nsys_ledger.trace.model import Trace
 
@@ -46,9 +49,29 @@ def table_files(directory: str | os.PathLike[str]) -> dict[str, Path]:
     for preferred in TABLE_SUFFIXES:
         for entry in entries:
             stem, suffix = os.path.splitext(entry.name)
-            if suffix.lower() == preferred and stem and stem not in found and entry.is_file():
-                found[stem] = Path(entry.path)
+            if suffix.lower() == preferred and stem and stem not in found and not _is_directory(entry):
+                found[stem] = Path(entry.path)  # not a regular file: load_columnar says so
     return found
+
+
+def _is_directory(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_dir()
+    except OSError:  # a symlink loop: a table file that cannot be read
+        return False
+
+
+def _check_table_files(files: dict[str, Path], shown: str) -> None:
+    """Every table file is a regular file (symlinks followed): a FIFO, a device or a symlink
+    loop named like a table is refused by name before any reader opens it."""
+    for file in files.values():
+        try:
+            mode = file.stat().st_mode
+        except OSError as exc:
+            problem = "a symlink loop" if exc.errno == errno.ELOOP else f"unreadable ({exc.strerror or exc})"
+            raise TraceError(shown, f"table file {file.name} is {problem}") from None
+        if not stat.S_ISREG(mode):
+            raise TraceError(shown, f"table file {file.name} is {file_kind(mode)}, not a regular file")
 
 
 def is_table_directory(path: str | os.PathLike[str]) -> bool:
@@ -64,6 +87,7 @@ def load_columnar(path: str | os.PathLike[str]) -> Trace:
     files = table_files(path)
     if not files:
         raise TraceError(shown, "is a directory without export tables (*.parquet, *.arrow)")
+    _check_table_files(files, shown)
     return ExportReader(_ColumnarTables(files, shown), shown).read()
 
 

@@ -264,8 +264,9 @@ class ExportReader:
     # -- the whole trace --------------------------------------------------------------
 
     def read(self) -> Trace:
-        has_cupti = any(t.startswith("CUPTI_ACTIVITY_KIND_") for t in self.tables)
-        if not self.has("StringIds") and not has_cupti:
+        if not self.has("StringIds"):
+            # every nsys export has it (SQLite, parquetdir, arrowdir alike): without it no kernel
+            # has a name, and every check after would fail for a reason it cannot name
             raise TraceError(self.shown, "not an Nsight Systems export (no StringIds table)")
         if not self.has(_KERNEL_TABLE):
             raise TraceError(
@@ -273,9 +274,6 @@ class ExportReader:
                 "no CUDA kernels: was the capture made with -t cuda?"
                 + self.source.missing_table_hint(_KERNEL_TABLE),
             )
-        if not self.has("StringIds"):
-            self.warnings.append("no StringIds table: names are unavailable")
-
         nsys_version, schema_version, source = self.versions()
         kernels = self.kernels()
         memcpys = self.memcpys()
@@ -439,6 +437,9 @@ class ExportReader:
             },
         )
         self.check_activity_rows(df, t, "memcpy")
+        negative = df.filter(pl.col("bytes") < 0).height
+        if negative:  # CUPTI's byte count is unsigned: a negative one is damage
+            raise TraceError(self.shown, f"{negative} of {df.height} memcpy rows have a negative size (bytes, {t})")
         return df.with_columns(
             _pid("global_pid").alias("pid"),
             _label("_copy", MEMCPY_KINDS).alias("copy_kind"),

@@ -42,10 +42,8 @@ is skipped by the decoder. Anything wrong with the input is a `TraceError` namin
 
 from __future__ import annotations
 
-import gzip
 import os
 import re
-import stat
 import zlib
 from collections import defaultdict
 from itertools import repeat
@@ -57,6 +55,7 @@ import msgspec
 import polars as pl
 
 from nsys_ledger.errors import TraceError
+from nsys_ledger.safety import MAX_JSON_BYTES, inflate_bounded, inflate_limit, read_bounded, read_head
 from nsys_ledger.trace.model import FRAME_SCHEMAS, Trace, TraceMeta, empty_frame
 
 __all__ = ["load_kineto", "load_kineto_capture", "is_kineto_file", "KINETO_VERSION_SOURCE"]
@@ -184,13 +183,12 @@ class _RawDocument(msgspec.Struct, gc=False):
 def is_kineto_file(p: Path) -> bool:
     """A Chrome-trace JSON file: its (un-gzipped) text opens a JSON object or array, or its
     name ends in .json / .json.gz (then the reader says what is wrong with it)."""
-    if re.search(r"\.json(?:\.gz)?$", p.name, re.IGNORECASE):
-        return p.is_file()
     try:
-        with open(p, "rb") as fh:
-            head = fh.read(4096)
-    except OSError:
+        head = read_head(p, str(p), 4096, TraceError)
+    except TraceError:
         return False
+    if re.search(r"\.json(?:\.gz)?$", p.name, re.IGNORECASE) and not head.startswith(b"SQLite format 3\x00"):
+        return True
     if head.startswith(GZIP_MAGIC):
         try:
             head = zlib.decompressobj(wbits=31).decompress(head, 64)
@@ -207,7 +205,15 @@ def load_kineto(path: str | os.PathLike[str]) -> Trace:
     events = document.traceEvents
     if events is None:
         raise TraceError(shown, "JSON without a traceEvents list: not a PyTorch profiler / Chrome trace")
-    return _Builder(shown, document, data).build(events)
+    return _build(_Builder(shown, document, data), events)
+
+
+def _build(builder: "_Builder", events: list[_Event]) -> Trace:
+    try:
+        return builder.build(events)
+    except _OutOfRange as exc:
+        raise TraceError(builder.shown, f"{exc.field} value {str(exc.value)[:40]} does not fit 64 bits: "
+                                        "no profiler writes it (damaged or hand-made trace)") from None
 
 
 def load_kineto_capture(path: str | os.PathLike[str]) -> tuple[Trace, pl.DataFrame]:
@@ -220,46 +226,37 @@ def load_kineto_capture(path: str | os.PathLike[str]) -> tuple[Trace, pl.DataFra
     if document.traceEvents is None:
         raise TraceError(shown, "JSON without a traceEvents list: not a PyTorch profiler / Chrome trace")
     builder = _Builder(shown, document, data)
-    trace = builder.build(document.traceEvents)
+    trace = _build(builder, document.traceEvents)
     return trace, builder.launch_kernels
 
 
 def read_json_bytes(p: Path, shown: str) -> bytes:
-    """The JSON text of `p`, un-gzipped when it is gzip data (by its magic, not its name)."""
-    try:
-        st = p.stat()
-    except FileNotFoundError:
-        raise TraceError(shown, "no such file") from None
-    except OSError as exc:
-        raise TraceError(shown, f"cannot access the file ({exc.strerror or exc})") from None
-    if stat.S_ISDIR(st.st_mode):
-        raise TraceError(shown, "is a directory, not a trace file")
-    if st.st_size == 0:
+    """The JSON text of `p`, un-gzipped when it is gzip data (by its magic, not its name).
+
+    Bounded (`nsys_ledger.safety`): the file is refused unless regular, and gzip is inflated
+    in chunks up to `inflate_limit` of its compressed size, so a gzip bomb is refused early."""
+    raw = read_bounded(p, shown, MAX_JSON_BYTES, "a profiler trace", TraceError)
+    if not raw:
         raise TraceError(shown, "empty file")
-    try:
-        raw = p.read_bytes()
-    except OSError as exc:
-        raise TraceError(shown, f"cannot read the file ({exc.strerror or exc})") from None
     if not raw.startswith(GZIP_MAGIC):
         return raw
-    try:
-        return gzip.decompress(raw)
-    except EOFError:
-        raise TraceError(shown, "truncated gzip file (incomplete copy or download?)") from None
-    except (OSError, zlib.error) as exc:
-        raise TraceError(shown, f"corrupt gzip data ({exc})") from None
+    return inflate_bounded(raw, shown, inflate_limit(len(raw)), TraceError)
 
 
 def decode_document(data: bytes, shown: str) -> _Document:
     """The typed document; a field of an unexpected type falls back to the generic decoder."""
     try:
         return msgspec.json.decode(data, type=_Document)
+    except RecursionError:
+        raise TraceError(shown, "JSON nested too deeply: not a profiler trace") from None
     except msgspec.ValidationError:
         pass  # valid JSON, unusual types somewhere: the slower generic path below
     except msgspec.DecodeError as exc:
         raise TraceError(shown, f"not valid JSON ({_first_line(exc)})") from None
     try:
         generic = msgspec.json.decode(data)
+    except RecursionError:
+        raise TraceError(shown, "JSON nested too deeply: not a profiler trace") from None
     except msgspec.DecodeError as exc:
         raise TraceError(shown, f"not valid JSON ({_first_line(exc)})") from None
     if isinstance(generic, list):  # the Chrome trace format also allows a bare event array
@@ -321,8 +318,53 @@ def _first_line(exc: Exception) -> str:
 # ---------------------------------------------------------------------------------------
 
 
+class _OutOfRange(Exception):
+    """An id, count or size a profiler cannot write: it does not fit 64 bits."""
+
+    def __init__(self, field: str, value: Any):
+        super().__init__(field, value)
+        self.field, self.value = _FIELD_NAMES.get(field, field), value
+
+
+# _as_int's column names -> the JSON field they come from
+_FIELD_NAMES = {"c": "args.correlation", "correlation": "args.correlation", "p": "pid", "t": "tid",
+                "_gpid": "pid", "_gtid": "tid", "_flow": "id", "bytes": "args.bytes", "device": "args.device",
+                "stream": "args.stream"}
+_INT64 = 1 << 63
+
+
+def _first_out_of_range(values: list) -> Any:
+    """The first value that is a number (or numeric text) outside the signed 64-bit range."""
+    for value in values:
+        if isinstance(value, int):
+            if not -_INT64 <= value < _INT64:
+                return value
+        elif isinstance(value, float):
+            if value != value or abs(value) >= _INT64:
+                return value
+        elif isinstance(value, str):
+            text = value.strip()
+            try:
+                number = int(text) if text.lstrip("+-").isdigit() else float(text)
+            except ValueError:
+                continue
+            if isinstance(number, int) and not -_INT64 <= number < _INT64 or \
+                    isinstance(number, float) and (number != number or abs(number) >= _INT64):
+                return value
+    return None
+
+
 def _as_int(values: list, name: str) -> pl.Series:
-    """Integers from JSON numbers or numeric strings; anything else null."""
+    """Integers from JSON numbers or numeric strings; anything else null.
+
+    Raises _OutOfRange for a number past 64 bits (polars would make it null, or a float)."""
+    try:
+        return pl.Series(name, values, dtype=I64, strict=True)  # the usual case: plain ints
+    except (TypeError, ValueError, OverflowError, pl.exceptions.PolarsError):
+        pass
+    bad = _first_out_of_range(values)
+    if bad is not None:
+        raise _OutOfRange(name, bad)
     try:
         series = pl.Series(name, values, strict=False)
     except (TypeError, ValueError, OverflowError, pl.exceptions.PolarsError):
@@ -340,7 +382,7 @@ def _as_text(values: list, name: str) -> pl.Series:
     """Text from JSON strings; a number or anything else becomes its text, null stays null."""
     try:
         return pl.Series(name, values, dtype=STR, strict=True)
-    except (TypeError, ValueError, pl.exceptions.PolarsError):
+    except (TypeError, ValueError, OverflowError, pl.exceptions.PolarsError):  # 2**128 as a name
         return pl.Series(name, [v if isinstance(v, str) else (None if v is None else str(v)) for v in values],
                          dtype=STR)
 
@@ -497,6 +539,10 @@ class _Builder:
         else:
             start = self._to_ns(ts)
             duration = self._to_ns(pl.Series("dur", list(map(_DUR, events)), strict=False))
+        negative = int((duration < 0).sum())
+        if negative:
+            raise TraceError(self.shown, f"{negative} of {len(rows)} events have a negative duration (dur): "
+                                         "no profiler writes that (damaged or hand-made trace)")
         start = start.alias("start")
         return start, (start + duration.fill_null(0)).alias("end")
 
@@ -578,6 +624,10 @@ class _Builder:
             columns["_kind"] = _as_text(list(map(_KIND, args)), "_kind")
         if "bytes" in extra:
             columns["bytes"] = _as_int(list(map(_BYTES, args)), "bytes")
+            negative = int((columns["bytes"] < 0).sum())
+            if negative:
+                raise TraceError(self.shown, f"{negative} of {len(rows)} copy or memset events have a negative "
+                                             "size (args.bytes): no profiler writes that")
         if "cuda_sync_kind" in extra:
             columns["_sync"] = _as_text(list(map(_SYNC_KIND, args)), "_sync")
         df = pl.DataFrame(columns)

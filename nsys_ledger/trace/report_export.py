@@ -68,17 +68,20 @@ def load_report(report: Path, shown: str, *, cache: bool = True) -> Trace:
 def _export_into_cache(nsys: str, report: Path, shown: str, cached: Path, stamp: dict) -> Trace:
     # Built under a temporary name beside the report and renamed into place, so a reader (or a
     # second check running at the same time) never sees half an export.
+    # The export is read (validated) before it is stamped and kept: an export that nsys broke
+    # (a crash, a full disk) is never cached, so the next check exports again.
     building = Path(tempfile.mkdtemp(prefix=f".{report.name}.", dir=report.parent))
     try:
         _export(nsys, report, shown, building)
+        trace = _load_export(building, shown)
         (building / _STAMP).write_text(json.dumps(stamp))
         if cached.exists():
             shutil.rmtree(cached, ignore_errors=True)
         try:
             building.rename(cached)
-        except OSError:  # another check put its export there first: read ours, then drop it
-            return _load_export(building, shown)
-        return _load_export(cached, shown)
+        except OSError:  # another check put its export there first: ours is dropped
+            pass
+        return trace
     finally:
         if building.exists():
             shutil.rmtree(building, ignore_errors=True)

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import gc
 import os
+import shutil
 import sqlite3
 import stat
+import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -50,19 +52,20 @@ def load_sqlite(path: str | os.PathLike[str]) -> Trace:
     """Read the Nsight Systems SQLite export at `path`. Raises TraceError on bad input."""
     shown = str(path)
     p = Path(path)
-    _check_file(p, shown)
-    conn = _connect(p, shown)
-    arrow = ArrowSource(_uri(p))
-    try:
-        return ExportReader(_SqliteTables(conn, shown, arrow), shown).read()
-    except sqlite3.Error as exc:
-        raise TraceError(shown, _sqlite_problem(exc)) from exc
-    except UnicodeDecodeError as exc:
-        # SQLite's own error message quoted damaged schema bytes that Python cannot decode
-        raise TraceError(shown, "corrupt SQLite database (damaged schema: text that is not UTF-8)") from exc
-    finally:
-        arrow.close()
-        conn.close()
+    head = _check_file(p, shown)
+    with _read_only_uri(p, head, shown) as uri:
+        conn = _connect(uri, shown)
+        arrow = ArrowSource(uri)
+        try:
+            return ExportReader(_SqliteTables(conn, shown, arrow), shown).read()
+        except sqlite3.Error as exc:
+            raise TraceError(shown, _sqlite_problem(exc)) from exc
+        except UnicodeDecodeError as exc:
+            # SQLite's own error message quoted damaged schema bytes that Python cannot decode
+            raise TraceError(shown, "corrupt SQLite database (damaged schema: text that is not UTF-8)") from exc
+        finally:
+            arrow.close()
+            conn.close()
 
 
 @contextmanager
@@ -124,7 +127,8 @@ def sniff_format(head: bytes) -> str:
     return "unknown format"
 
 
-def _check_file(p: Path, shown: str) -> None:
+def _check_file(p: Path, shown: str) -> bytes:
+    """Refuse what is not a whole SQLite file before SQLite sees it; the first 512 bytes."""
     try:
         st = p.stat()
     except FileNotFoundError:
@@ -165,6 +169,7 @@ def _check_file(p: Path, shown: str) -> None:
             f"truncated SQLite database: the file has {st.st_size} bytes, its header says "
             f"{expected} (incomplete copy or download?)",
         )
+    return head
 
 
 def _header_size(head: bytes) -> int | None:
@@ -187,14 +192,51 @@ def _header_size(head: bytes) -> int | None:
     return page_size * n_pages
 
 
-def _uri(p: Path) -> str:
-    """The read-only SQLite URI of `p`: no connection made with it can write to the file."""
-    return f"file:{quote(str(p))}?mode=ro"
+def _uri(p: Path, *, immutable: bool = False) -> str:
+    """The read-only SQLite URI of `p`: no connection made with it can write to the file.
+
+    `immutable`: SQLite takes no locks and opens no -wal/-shm file beside it."""
+    return f"file:{quote(str(p))}?mode=ro" + ("&immutable=1" if immutable else "")
 
 
-def _connect(p: Path, shown: str) -> sqlite3.Connection:
+def _may_use_wal(head: bytes) -> bool:
+    """Whether SQLite may open a WAL for this file: its header's write and read versions
+    (bytes 18 and 19) are not both 1, the rollback-journal format nsys writes. A 2 in either
+    (WAL mode, or a damaged header that says so) makes a `mode=ro` connection create -shm and
+    -wal files beside the database (found by the fuzzer: write version 1, read version 2)."""
+    return len(head) < 20 or head[18] != 1 or head[19] != 1
+
+
+@contextmanager
+def _read_only_uri(p: Path, head: bytes, shown: str) -> Iterator[str]:
+    """A URI that reads `p` without changing anything beside it.
+
+    A rollback-journal export (what nsys writes) is opened `mode=ro`. A WAL-mode file (an
+    export that went through a tool or a copy in WAL mode, or a damaged header) would make even a read-only
+    connection create or rewrite `-shm` (and `-wal`) files beside it: without a `-wal` file it
+    is opened `immutable=1` (no side files, no locks); with one, whose committed pages belong
+    to the database, the file and its WAL are copied into a private temporary directory and
+    the copy is read."""
+    if not _may_use_wal(head):
+        yield _uri(p)
+        return
+    wal = Path(f"{p}-wal")
+    if not (wal.is_file() and wal.stat().st_size > 0):
+        yield _uri(p, immutable=True)
+        return
+    with tempfile.TemporaryDirectory(prefix="nsys-ledger-wal-") as private:
+        copy = Path(private) / "export.sqlite"
+        try:
+            shutil.copyfile(p, copy)
+            shutil.copyfile(wal, Path(f"{copy}-wal"))
+        except OSError as exc:
+            raise TraceError(shown, f"cannot copy the WAL-mode database to read it ({exc.strerror or exc})") from None
+        yield _uri(copy)
+
+
+def _connect(uri: str, shown: str) -> sqlite3.Connection:
     try:
-        conn = sqlite3.connect(_uri(p), uri=True, timeout=BUSY_TIMEOUT_S)
+        conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S)
     except sqlite3.Error as exc:
         raise TraceError(shown, _sqlite_problem(exc)) from exc
     return conn

@@ -213,19 +213,19 @@ def read_layer_list(reader: LedgerReader, value: Any, key: str, nlayers: int) ->
             out = read_layer_pattern(reader, value, key, nlayers)
         else:
             for item in value.split(","):
-                out.extend(read_layer_item(reader, item, key))
+                out.extend(read_layer_item(reader, item, key, nlayers))
     elif isinstance(value, list):
         for item in value:
             if isinstance(item, int) and not isinstance(item, bool):
                 out.append(item)
             elif isinstance(item, str):
-                out.extend(read_layer_item(reader, item, key))
+                out.extend(read_layer_item(reader, item, key, nlayers))
             elif isinstance(item, dict):
-                out.extend(read_layer_span(reader, item, key))
+                out.extend(read_layer_span(reader, item, key, nlayers))
             else:
                 raise reader.fail(key, f"wrong type: a layer must be an integer or \"a-b\", got {type_name(item)}")
     elif isinstance(value, dict):
-        out = read_layer_span(reader, value, key)
+        out = read_layer_span(reader, value, key, nlayers)
     else:
         raise reader.fail(
             key, f"wrong type: expected an array, a string or a table of layers, got {type_name(value)}"
@@ -238,7 +238,20 @@ def read_layer_list(reader: LedgerReader, value: Any, key: str, nlayers: int) ->
     return tuple(sorted(set(out)))
 
 
-def read_layer_item(reader: LedgerReader, item: str, key: str) -> list[int]:
+def _within(reader: LedgerReader, key: str, first: int, last: int, step: int, nlayers: int | None) -> None:
+    """Bound a range by the model's layers before it is expanded into a list (a typo such as
+    "0-999999999" must not cost a billion list items first); names the first layer outside."""
+    if nlayers is None:
+        return
+    outside = first if first < 0 or first >= nlayers else None
+    if outside is None and last >= nlayers:
+        beyond = first + -(-(nlayers - first) // step) * step  # the first of the range at or past nlayers
+        outside = beyond if beyond <= last else None
+    if outside is not None:
+        raise reader.fail(key, f"layer {outside} is outside 0-{nlayers - 1} (params.layers = {nlayers})")
+
+
+def read_layer_item(reader: LedgerReader, item: str, key: str, nlayers: int | None = None) -> list[int]:
     """``"5"``, ``"3-77"`` or ``"6-74/4"``."""
     m = _LAYER_ITEM.match(item)
     if not m:
@@ -250,10 +263,11 @@ def read_layer_item(reader: LedgerReader, item: str, key: str) -> list[int]:
         raise reader.fail(key, f"contradictory layer range {item.strip()!r}: {first} > {last}")
     if step < 1:
         raise reader.fail(key, f"the step in {item.strip()!r} must be at least 1")
+    _within(reader, key, first, last, step, nlayers)
     return list(range(first, last + 1, step))
 
 
-def read_layer_span(reader: LedgerReader, table: dict[str, Any], key: str) -> list[int]:
+def read_layer_span(reader: LedgerReader, table: dict[str, Any], key: str, nlayers: int | None = None) -> list[int]:
     """``{ first = F, last = F, step = F }``, inclusive, formulas allowed."""
     reader.known(table, key, ("first", "last", "step"))
     for name in ("first", "last"):
@@ -264,6 +278,7 @@ def read_layer_span(reader: LedgerReader, table: dict[str, Any], key: str) -> li
     step = reader.whole(table.get("step", 1), f"{key}.step", low=1)
     if first > last:
         raise reader.fail(key, f"contradictory layer span: first {first} > last {last}")
+    _within(reader, key, first, last, step, nlayers)
     if (last - first) // step > 1_000_000:
         raise reader.fail(key, "layer span too long")
     return list(range(first, last + 1, step))
