@@ -422,3 +422,16 @@ def test_kineto_number_past_64_bits_as_a_name_is_read_as_text(tmp_path):
     trace = load_trace(path)
     assert trace.kernels["name"].to_list() == [str(2**128)]
     assert trace.nvtx["name"].to_list() == [str(2**128)]
+
+
+def test_string_ids_repeating_an_id(tmp_path):
+    """StringIds' id is its primary key in every export; a damaged page that repeats ids (the
+    fuzzer's case 8524 on the llama3 export) would give a name two values and repeat kernel rows:
+    one line naming the repeated id, not a polars ShapeError."""
+    path = tmp_path / "repeated.sqlite"
+    path.write_bytes((REPO / "sample_traces" / "glm5-graph-healthy.sqlite").read_bytes())
+    with sqlite3.connect(path) as db:
+        db.executescript(
+            "CREATE TABLE repeated AS SELECT * FROM StringIds UNION ALL SELECT * FROM StringIds WHERE id IN (1, 2);"
+            "DROP TABLE StringIds; ALTER TABLE repeated RENAME TO StringIds;")
+    _raises(path, "damaged export: StringIds repeats id 1 (2 ids appear more than once)")

@@ -177,6 +177,15 @@ def _dense_values(strings: pl.DataFrame) -> pl.Series | bool:
     return slots.join(strings, on="id", how="left", maintain_order="left")["value"]
 
 
+def _refuse_repeated_ids(strings: pl.DataFrame, shown: str) -> None:
+    """`id` is StringIds' primary key in every nsys export: a repeated id (a damaged page) would
+    give a name two values and repeat the rows of every table that names it."""
+    repeated = strings.filter(pl.col("id").is_duplicated())["id"]
+    if repeated.len():
+        raise TraceError(shown, f"damaged export: StringIds repeats id {repeated.min()} "
+                                f"({repeated.n_unique():,} ids appear more than once)")
+
+
 def _attach(df: pl.DataFrame, lookup: pl.DataFrame, key: str) -> pl.DataFrame:
     """`df` left-joined with `lookup` on `key`, order kept. Only the key column goes through
     the join and the looked-up columns are appended: a join gathers every column of its left
@@ -239,7 +248,9 @@ class ExportReader:
         if self._strings is None:
             schema = {"id": I64, "value": STR}
             if self.has("StringIds"):
-                self._strings = self.fetch("StringIds", {"id": "id", "value": "value"}, schema)
+                strings = self.fetch("StringIds", {"id": "id", "value": "value"}, schema)
+                _refuse_repeated_ids(strings, self.shown)
+                self._strings = strings
             else:
                 self._strings = pl.DataFrame(schema=schema)
         return self._strings
