@@ -90,16 +90,23 @@ class OpClassifier:
                 return OpMatch(op.name, op.group, BY_PATTERN, pattern, op.fallback)
         return OpMatch(UNMATCHED_OP, None, BY_NOTHING, "", False)
 
-
     def all_matches(self, kernel_name: str) -> tuple[str, ...]:
-        """Every declared op whose pattern or GEMM shape matches, in declaration order: the ops a
-        kernel of this name could be, of which `classify` names the first."""
-        signature = gemm_signature(kernel_name) if self._reads_shapes else None
-        return tuple(
-            op.name for op, patterns in self._ops
-            if (signature is not None and any(gemm_matches(s, signature) for s in op.gemm))
-            or any(rx.search(kernel_name) for rx in patterns)
-        )
+        """Every declared op whose pattern or GEMM shape matches `kernel_name` (all_matches_many)."""
+        return self.all_matches_many([kernel_name])[0]
+
+    def all_matches_many(self, kernel_names: list[str]) -> list[tuple[str, ...]]:
+        """For each name, every declared op whose pattern or GEMM shape matches, in declaration
+        order: the ops a kernel of this name could be, of which `classify` names the first."""
+        hits = [regex_hits(op.patterns, kernel_names) for op in self._ops]
+        matches = []
+        for index, name in enumerate(kernel_names):
+            signature = gemm_signature(name) if self._reads_shapes else None
+            matches.append(tuple(
+                op.name for op, op_hits in zip(self._ops, hits)
+                if (signature is not None and any(gemm_matches(s, signature) for s in op.gemm))
+                or any(found[index] for found in op_hits)
+            ))
+        return matches
 
 
 def op_table(names: pl.Series, expectations: Expectations | None) -> pl.DataFrame:

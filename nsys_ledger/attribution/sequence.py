@@ -217,7 +217,7 @@ def place_ops(kernels: pl.DataFrame, expectations: Expectations) -> tuple[pl.Dat
     classifier = OpClassifier(expectations)
     generic = {name for name, op in expectations.ops.items() if op.fallback}
     names = kernels.select(pl.col("name").unique()).drop_nulls()["name"].to_list()
-    candidates = {name: frozenset(classifier.all_matches(name)) for name in names}
+    candidates = {name: frozenset(ops) for name, ops in zip(names, classifier.all_matches_many(names))}
     key = ["rank", "step", "layer"]
     # each layer's kernels stream by stream (streams in the order of their first kernel), each
     # stream in issue order
