@@ -585,7 +585,7 @@ def _robust_catalog(root: Path) -> dict[str, Case]:
     case("wal-mode-export", ["check", wal, "--expect", GLM], wal, "checks passed on 4 decode steps", exit_code=0)
     wal = _wal_export(folder("wal-with-committed-log") / "t.sqlite", "DELETE FROM CUPTI_ACTIVITY_KIND_MEMCPY",
                       keep_wal=True)
-    case("wal-with-committed-log", ["check", wal], wal, "11,933 kernels (device 0: 11,933); 0 H2D copies",
+    case("wal-with-committed-log", ["check", wal], wal, "12,383 kernels (device 0: 12,383); 0 H2D copies",
          exit_code=0)
 
     # found by the fuzzer: a header whose read version alone says WAL made SQLite create -shm/-wal
@@ -601,7 +601,10 @@ def _robust_catalog(root: Path) -> dict[str, Case]:
                           "(SELECT demangledName FROM CUPTI_ACTIVITY_KIND_KERNEL LIMIT 1)")
     ledger = ledger_in(t.parent, _glm_text("patterns = ['FusedAddRMSNormKernel'",
                                            "patterns = ['(a+)+$', 'FusedAddRMSNormKernel'"))
-    case("redos-op-pattern", ["check", t, "--expect", ledger], t, "checks passed on 4 decode steps", exit_code=0)
+    # the long name replaces the name every qkv_a_proj kernel shares, so the layers' sequences
+    # miss that op (exit 1): the point is that the check finishes, with its verdict
+    case("redos-op-pattern", ["check", t, "--expect", ledger], t,
+         "FAIL 4 finding(s) in 20 checks on 4 decode steps", exit_code=1)
     case("redos-expectations-match", ["expectations", "match", ledger], ledger, f"no op\t-\t-\t{LONG_NAME}",
          exit_code=0, stdin=f"{LONG_NAME}\nFusedAddRMSNormKernel\n")
     return cases
@@ -623,7 +626,7 @@ ROBUST_CASES = {
     "kineto-copy-1e30-bytes": 2, "kineto-quoted-huge-correlation": 2, "kineto-negative-bytes": 2,
     "sqlite-negative-copy-bytes": 2, "parquetdir-without-stringids": 2, "parquetdir-table-is-device": 2,
     "nsys-rep-broken-export": 2,
-    "sqlite-named-json": 0, "wal-mode-export": 0, "wal-with-committed-log": 0, "redos-op-pattern": 0,
+    "sqlite-named-json": 0, "wal-mode-export": 0, "wal-with-committed-log": 0, "redos-op-pattern": 1,
     "redos-expectations-match": 0, "damaged-header-says-wal": 0,
 }
 

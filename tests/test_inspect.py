@@ -212,6 +212,6 @@ def test_json_onto_the_input_is_refused(tmp_path):
     before = fingerprint(trace)
     result = run(trace, "--json", trace)
     assert result.exit_code == 2
-    assert result.stderr.splitlines() == [f"nsys-ledger: error: {trace}: cannot write output: "
-                                          "it is one of the input files"]
+    assert result.stderr.splitlines() == [f"nsys-ledger: error: {trace}: cannot write output (--json): "
+                                          f"it is the input {trace}"]
     assert fingerprint(trace) == before
