@@ -100,6 +100,25 @@ def test_sample_is_not_changed_and_nothing_is_written_beside_it(tmp_path):
     assert json.loads((out / "inventory.json").read_text())["files"][0]["kernels"] == 12383
 
 
+def test_the_connection_is_read_only_and_a_wal_mode_file_gets_no_side_files(tmp_path):
+    """inspect opens exports as check does: `mode=ro` (a write is refused), and a file whose
+    header says WAL is opened `immutable=1`, so no -shm or -wal appears beside it."""
+    from nsys_ledger.errors import TraceError
+    from nsys_ledger.trace.sqlite_reader import read_only_export
+
+    (tmp_path / "trace").mkdir()
+    trace = tmp_path / "trace" / SAMPLE.name
+    header = bytearray(SAMPLE.read_bytes())
+    header[18], header[19] = 2, 2  # WAL mode, as a copy from a WAL-mode tool may be
+    trace.write_bytes(bytes(header))
+    before = fingerprint(trace)
+    with pytest.raises(TraceError, match="readonly|read-only"):
+        with read_only_export(trace) as conn:
+            conn.execute("CREATE TABLE written_by_inspect (a)")
+    assert run(trace).exit_code == 0
+    assert fingerprint(trace) == before
+
+
 def test_two_files_in_one_document(tmp_path):
     eager = REPO / "sample_traces" / "glm5-eager-healthy.sqlite"
     result = run(SAMPLE, eager, "--json", "-")

@@ -74,16 +74,17 @@ def read_only_export(path: str | os.PathLike[str]) -> Iterator[sqlite3.Connectio
     (closed on leaving); an SQLite error met inside becomes TraceError(path, problem)."""
     shown = str(path)
     p = Path(path)
-    _check_file(p, shown)
-    conn = _connect(p, shown)
-    try:
-        yield conn
-    except sqlite3.Error as exc:
-        raise TraceError(shown, _sqlite_problem(exc)) from exc
-    except UnicodeDecodeError as exc:
-        raise TraceError(shown, "corrupt SQLite database (damaged schema: text that is not UTF-8)") from exc
-    finally:
-        conn.close()
+    head = _check_file(p, shown)
+    with _read_only_uri(p, head, shown) as uri:  # mode=ro, and nothing beside a WAL-mode file
+        conn = _connect(uri, shown)
+        try:
+            yield conn
+        except sqlite3.Error as exc:
+            raise TraceError(shown, _sqlite_problem(exc)) from exc
+        except UnicodeDecodeError as exc:
+            raise TraceError(shown, "corrupt SQLite database (damaged schema: text that is not UTF-8)") from exc
+        finally:
+            conn.close()
 
 
 def export_reader(conn: sqlite3.Connection, shown: str) -> ExportReader:
