@@ -255,7 +255,7 @@ def json_bytes(data: bytes, rng: random.Random) -> bytes:
 
 def gzip_stream(data: bytes, rng: random.Random) -> bytes:
     """Damage the compressed stream itself (marked by a leading NUL: the text is not re-gzipped)."""
-    packed = gzip.compress(data, compresslevel=1)
+    packed = gzip.compress(data, compresslevel=1, mtime=0)
     return b"\x00" + rng.choice((flip_bits, random_block, truncate))(packed, rng)
 
 
@@ -348,7 +348,7 @@ def mutate(case: Case, seed: int, cache: dict[Path, bytes]) -> bytes:
     damaged = KINETO_MUTATIONS[case.mutation](data, rng)
     if case.mutation == "gzip_stream":
         return damaged[1:]
-    return gzip.compress(damaged, compresslevel=1) if case.source.name.endswith(".gz") else damaged
+    return gzip.compress(damaged, compresslevel=1, mtime=0) if case.source.name.endswith(".gz") else damaged
 
 
 def materialize(case: Case, seed: int, cache: dict[Path, bytes], workdir: Path) -> Path:
