@@ -390,3 +390,9 @@ def test_real_kineto_nccl_collective_time_against_json():
     assert use.steps["overlapped_ns"].to_list() == [1825259, 1760420, 3731346]
     # 15 of the 21 NCCL kernels come from DDP's own thread, outside the step's range, and count
     assert use.steps["collective_ns"].to_list() == [11989021, 12300029, 22587443]
+
+
+def test_a_kernel_without_a_name_gets_a_label_not_a_crash():
+    """A damaged export can leave a kernel's name id unresolved (the fuzzer's case 5836, a
+    parquetdir with swapped tables): its time still counts, under `(no name)`."""
+    assert distinct_labels([None, "void k<float, 4>(int)"]) == ["(no name)", "k"]

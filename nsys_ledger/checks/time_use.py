@@ -283,6 +283,9 @@ _ANONYMOUS = re.compile(r"\(anonymous namespace\)|<unnamed>")
 _NAMESPACES = re.compile(r"\b[A-Za-z_]\w*::")  # `at::native::` in a template argument: the type says enough
 
 
+NO_NAME = "(no name)"
+
+
 def function_label(name: str) -> str:
     """The function of a demangled kernel name: no return type, template arguments or
     parameters; anonymous namespaces kept as `(anon)`, so that no `at::native::::` appears.
@@ -329,6 +332,8 @@ def distinct_labels(names: list[str], limit: int = 60) -> list[str]:
     >>> distinct_labels(["k<float, 4>(int)", "k<half, 4>(int)", "other(int)"])
     ['k<float, …>', 'k<half, …>', 'other']
     """
+    # a kernel whose name id a damaged export does not resolve has no name, but still has time
+    names = [NO_NAME if n is None else n for n in names]
     labels = [function_label(n) for n in names]
     for indexes in _collisions(labels):
         differing = _differing_arguments([_template_arguments(names[i]) for i in indexes])
