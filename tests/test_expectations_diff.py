@@ -78,10 +78,10 @@ def test_ops_added_removed_moved_and_changed(tmp_path):
         # a GEMM shape and a group changed, fallback dropped
         ('gemm = { n = 2048, k = 2048 }', 'gemm = { n = 2048, k = 1536 }'),
         ('[ops.rope]\ngroup = "attention"', '[ops.rope]\ngroup = "rotary"'),
-        ("[ops.cublas_gemm]\ngroup = \"attention\"\ndescription = \"\"\"generic GEMM: in a layer these are the "
+        ("[ops.cublas_gemm]\ngroup = \"attention\"\nrole = \"gemm_other\"\ndescription = \"\"\"generic GEMM: in a layer these are the "
          "absorption GEMMs of rows 7 and 11 when\ncuBLAS names them (bf16 path); outside the layers the LM "
          "head\"\"\"\nfallback = true\n",
-         "[ops.cublas_gemm]\ngroup = \"attention\"\ndescription = \"generic GEMM\"\n"),
+         "[ops.cublas_gemm]\ngroup = \"attention\"\nrole = \"gemm_other\"\ndescription = \"generic GEMM\"\n"),
     )
     assert lines(GLM, edited) == [
         "- ops.moe_sum: group ffn, 'moe_sum', 'triton_(?:red|per)_fused_(?:\\w+_)?sum_'",

@@ -20,13 +20,15 @@ The layout (every table but ``[model]`` and ``[ops]`` may be left out):
            nvtx = REGEX, marker = REGEX (or marker_op = OP), exclude_nvtx = REGEX,
            exclude_ops = [OP, ...]
            (capture: each process's whole capture is one step, for a one-iteration capture)
-[ops.NAME] patterns = [REGEX, ...], group = "attention", description = "...",
+[ops.NAME] patterns = [REGEX, ...], group = "attention", role = ROLE, description = "...",
            gemm = { n = F, k = F, kind = KIND } or [ {...}, ... ], fallback = BOOL
            (declaration order is match priority: the first op whose pattern or GEMM shape
            matches wins; `gemm` matches a templated GEMM by N and K among its leading integer
            arguments and by DeepGEMM's GemmType, in any layout and demangler style; KIND is
            normal (the default with a shape), masked, contiguous, batched, grouped or any;
-           `fallback = true` marks a generic catch-all, reported apart in the op coverage)
+           `fallback = true` marks a generic catch-all, reported apart in the op coverage;
+           ROLE is one of the shared vocabulary in nsys_ledger/ledger/roles.py, so that
+           `compare` lines up the ops of two ledgers of different frameworks)
 [anchors.OP]  expected = RANGE, tolerance = N | tolerance_pct = P   (or min = F, max = F)
               hint_low = "...", hint_high = "..."
 [total]    same keys as an anchor: kernels per step

@@ -71,6 +71,7 @@ class OpDef:
     gemm: tuple[GemmShape, ...] = ()
     fallback: bool = False
     description: str | None = None  # what the op is, as the ledger explains it
+    role: str | None = None  # what it does in the model, from the shared vocabulary (ledger.roles)
 
     @property
     def regex(self) -> str:

@@ -11,9 +11,10 @@ from typing import Any
 
 from nsys_ledger.ledger.model import GEMM_KINDS, Expectations, GemmShape, OpDef
 from nsys_ledger.ledger.reading import NAME, LedgerReader, type_name
+from nsys_ledger.ledger.roles import ROLES
 from nsys_ledger.ledger.writing import LedgerWriter, regex_array
 
-OP_KEYS = ("patterns", "gemm", "group", "description", "fallback")
+OP_KEYS = ("patterns", "gemm", "group", "role", "description", "fallback")
 
 
 def read_ops(reader: LedgerReader, doc: dict[str, Any]) -> dict[str, OpDef]:
@@ -46,10 +47,13 @@ def read_op(reader: LedgerReader, op: str, spec: Any) -> OpDef:
     group = reader.get(spec, "group", key, str)
     if group is not None and not NAME.match(group):
         raise reader.fail(f"{key}.group", f"group name {group!r} must be letters, digits, _ or -")
+    role = reader.get(spec, "role", key, str)
+    if role is not None and role not in ROLES:
+        raise reader.fail(f"{key}.role", f"unknown role {role!r} (known: {', '.join(ROLES)})")
     description = reader.get(spec, "description", key, str)
     fallback = reader.get(spec, "fallback", key, bool, default=False)
     opdef = OpDef(name=op, patterns=tuple(patterns), group=group, source=key, gemm=gemm, fallback=fallback,
-                  description=description)
+                  description=description, role=role)
     try:
         re.compile(opdef.regex)
     except re.error as exc:
@@ -110,6 +114,8 @@ def write_op(out: LedgerWriter, op: OpDef) -> None:
     out.table(key)
     if op.group is not None:
         out.value(key, "group", op.group)
+    if op.role is not None:
+        out.value(key, "role", op.role)
     if op.description is not None:
         out.value(key, "description", op.description)
     if op.gemm:
