@@ -1,4 +1,5 @@
-"""The terminal verdict: trace facts, what was checked, findings with hints, per-step counts.
+"""The terminal report: the verdict and findings first, then trace facts, what was checked,
+per-step counts and the time use; the verdict line again at the end.
 
 Plain text with optional colour (click strips it when stdout is not a terminal), so the same
 output reads well in a CI log. Every line fits the terminal's width (`layout.py`): prose wraps
@@ -32,7 +33,9 @@ def render(result: Result, width: int | None = None) -> str:
     """The terminal report, every line at most `width` columns (default: the terminal's)."""
     width = width or terminal_width()
     table = partial(fit_table, width=width)
-    lines: list[str] = []
+    # the verdict and its findings first (what a reader needs), the evidence after, and the
+    # verdict line again at the end, where `| tail -1` and a scrolled CI log see it
+    lines: list[str] = [*_verdict(result), ""]
     lines += _facts(result)
     lines.append("")
     for notice in result.notices:
@@ -50,7 +53,7 @@ def render(result: Result, width: int | None = None) -> str:
     time_use = time_lines(result)
     if time_use:
         lines += [*time_use, ""]
-    lines += _verdict(result)
+    lines.append(_headline(result))
     return "\n".join(fit_lines(lines, width))
 
 
@@ -279,12 +282,18 @@ def _top_kernels(result: Result, limit: int = 10) -> list[str]:
     return [f"  {count_text(count / steps):>8}  {printable(label)}" for label, count in zip(labels, top["count"])]
 
 
-def _verdict(result: Result) -> list[str]:
+def _headline(result: Result) -> str:
+    """PASS, FAIL or SUMMARY and what it rests on, in one line."""
     if result.verdict == "summary":
-        return [click.style("SUMMARY", bold=True) + " no expectations given (--expect FILE checks a ledger)"]
+        return click.style("SUMMARY", bold=True) + " no expectations given (--expect FILE checks a ledger)"
     if result.verdict == "pass":
-        return [click.style("PASS", fg="green", bold=True) + f" {result.verdict_sentence}"]
-    lines = [click.style("FAIL", fg="red", bold=True) + f" {result.verdict_sentence}"]
+        return click.style("PASS", fg="green", bold=True) + f" {result.verdict_sentence}"
+    return click.style("FAIL", fg="red", bold=True) + f" {result.verdict_sentence}"
+
+
+def _verdict(result: Result) -> list[str]:
+    """The headline and, on a failure, every finding with its hint."""
+    lines = [_headline(result)]
     for finding in result.findings:
         lines.append(f"  - [{printable(finding.source)}] {printable(finding.message)}")
         if finding.hint:
