@@ -212,7 +212,7 @@ REAL_VLLM_NAMES = {
     "routingIndicesOffsetsKernel": "moe_align",
     "bmm_MxE4m3_MxE2m1MxE4m3": "moe_gemm",
     "bmm_Bfloat16_MxE2m1MxE4m3": "moe_gemm",
-    "finalizeKernelVecLoad": "moe_sum",
+    "finalizeKernelVecLoad": "moe_topk_sum",
     "fmhaSm100aKernel_QkvE4m3OBfloat16H64PagedKvCausal": "prefill_attention",
     "fmhaSm100aKernel_QkvE4m3OBfloat16H64PagedKvSlidingOrChunkedCausal": "prefill_attention",
     "ncclDevKernel_AllGather_RING_LL": "logits_all_gather",
@@ -233,7 +233,7 @@ REAL_VLLM_NAMES = {
     "_combined_routing_compute": "moe_align",
     "_combined_routing_memset": "moe_align",
     "_matmul_ogs_": "moe_gemm",  # 2 names: gate_up with SwiGLU, down
-    "_finalize_matmul_scatter_bf16": "moe_sum",
+    "_finalize_matmul_scatter_bf16": "moe_topk_sum",
     "kernel_unified_attention_": None,  # vLLM's Triton attention of a GQA model (2 names): no MLA
     "reduce_segments": None,  # its split reduction
     "triton_poi_fused_0": None,  # Inductor pointwise glue

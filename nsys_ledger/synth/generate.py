@@ -237,7 +237,11 @@ class GenerateSummary:
         step-entry launch gap, faults, DeepGEMM and export layouts."""
         ranks = f" x {self.ranks} ranks" if self.ranks > 1 else ""
         per_step = f"{self.kernels_per_step} kernels per step"
-        if self.graph_kernels_per_step:
+        eager = self.kernels_per_step - self.graph_kernels_per_step - 1
+        if self.graph_kernels_per_step and eager > 0:  # vLLM: eager launches around the graphs
+            per_step += (f" ({self.graph_kernels_per_step} replayed in {self.graph_launches_per_step} "
+                         f"graph launches, {eager} eager + sampling)")
+        elif self.graph_kernels_per_step:
             per_step += f" ({self.graph_kernels_per_step} replayed + sampling)"
         entry = ""
         if self.step_entry_gaps_ns:
