@@ -303,3 +303,16 @@ def test_inductor_norms_when_custom_ops_are_off(ledger):
                "(c10::Float8_e4m3fn*, float*, c10::BFloat16 const*)")
     assert classifier.classify(cxxfilt).op == "rms_norm_quant"
     assert classifier.classify(cxxfilt.replace("true, true", "false, true")).op == "rms_norm_quant_latent"
+
+
+def test_synth_cli_writes_a_piecewise_vllm_step(tmp_path):
+    out = tmp_path / "pw.sqlite"
+    proc = subprocess.run(
+        [sys.executable, "-m", "nsys_ledger.cli", "synth", str(out), "--topology", "glm-5.3-vllm-tp8-ep8-piecewise",
+         "--steps", "1"],
+        capture_output=True, text=True, cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert ("glm-5.3-vllm-tp8-ep8-piecewise, graph mode, 1 decode steps, 2736 kernels per step (2201 replayed "
+            "in 100 graph launches, 534 eager + sampling)") in proc.stdout
+    assert "DeepGEMM layout 2025-07" in proc.stdout

@@ -111,9 +111,7 @@ from nsys_ledger.synth.schedule import (
     DRV_LAUNCH_EX,
     EMBEDDING,
     MLA_COMBINE,
-    PAGED_MQA_LOGITS,
     RT_LAUNCH,
-    RT_LAUNCH_EX,
     SPARSE_MLA_DECODE,
     KernelSpec,
     KernelType,
@@ -252,8 +250,7 @@ VLLM_KERNELS: dict[str, KernelType] = {kt.key: kt for kt in (
 VLLM_DEEPGEMM_LAYOUT = "2025-07"
 
 
-def _attention(b: _Builder, K: dict, V: dict, topo: Topology, L: int, p: str,  # noqa: N803
-               decode: bool) -> None:
+def _attention(b: _Builder, K: dict, V: dict, topo: Topology, L: int, p: str) -> None:  # noqa: N803
     """vLLM's DeepseekV2MLAAttention through the MultiHeadLatentAttentionWrapper, one layer."""
     a = f"{p}.self_attn"
     piecewise = topo.piecewise
@@ -403,7 +400,7 @@ def build_vllm_pass(kind: str, batch: int, faults: frozenset[str], topo: Topolog
           "model.embed_tokens", None, role="allreduce")
     for L in range(topo.num_layers):  # noqa: N806
         p = f"model.layers.{L}"
-        _attention(b, K, V, topo, L, p, decode)
+        _attention(b, K, V, topo, L, p)
         _ffn(b, K, V, topo, L, p)
     b.add("final_norm", V["vllm_fused_add_rms_norm"], "final_norm", "outside", "model.norm", None,
           role="residual_norm")
