@@ -316,3 +316,33 @@ def test_synth_cli_writes_a_piecewise_vllm_step(tmp_path):
     assert ("glm-5.3-vllm-tp8-ep8-piecewise, graph mode, 1 decode steps, 2736 kernels per step (2201 replayed "
             "in 100 graph launches, 534 eager + sampling)") in proc.stdout
     assert "DeepGEMM layout 2025-07" in proc.stdout
+
+
+def _ledger_role_tally(sample: str, ledger: Path, tmp_path: Path) -> Counter:
+    """Kernels of the first decode step by the role of the ledger op that claims them (each
+    kernel's op as the check places it, layer sequences included)."""
+    _, doc, _ = _check(sample, ledger, tmp_path)
+    roles = {name: op.role for name, op in load_expectations(ledger).ops.items()}
+    tally: Counter = Counter()
+    for op, row in doc["time_use"]["steps"][0]["ops"].items():
+        tally[roles[op]] += row["kernels"]
+    return tally
+
+
+def test_ledgers_and_generator_agree_on_the_role_deltas(tmp_path):
+    """What `compare` of the two samples must find per role: the vLLM ledger's tally minus the
+    SGLang ledger's equals the generator's role_counts difference, role by role. The ledgers
+    see two launches differently from the generator, the same way on both stacks: layer 0's
+    input norm (its plain norm takes the latent-norm op's place) and the LM head (a tile-named
+    cuBLAS GEMM outside the layers: the generic GEMM)."""
+    vllm = _ledger_role_tally("glm5-vllm-graph-healthy.sqlite", GLM_VLLM, tmp_path)
+    sglang = _ledger_role_tally("glm5-graph-healthy.sqlite", REPO / "expectations" / "glm-5.3-tp8-ep8.toml", tmp_path)
+    declared_vllm = role_counts_per_step("glm-5.3-vllm-tp8-ep8")
+    declared_sglang = role_counts_per_step("glm-5.3-tp8-ep8")
+    seen_differently = {"latent_norm": 1, "residual_norm": -1, "lm_head": -1, "gemm_other": 1}
+    for tally, declared in ((vllm, declared_vllm), (sglang, declared_sglang)):
+        off = {r: tally.get(r, 0) - declared.get(r, 0) for r in set(tally) | set(declared)}
+        assert {r: d for r, d in off.items() if d} == seen_differently
+    roles = set(vllm) | set(sglang) | set(declared_vllm) | set(declared_sglang)
+    assert ({r: vllm.get(r, 0) - sglang.get(r, 0) for r in roles}
+            == {r: declared_vllm.get(r, 0) - declared_sglang.get(r, 0) for r in roles})
