@@ -55,9 +55,9 @@ def _check(sample: str, ledger: Path, tmp_path: Path) -> tuple[int, dict, str]:
 @pytest.mark.parametrize(
     ("sample", "ledger", "kernels", "graph_launches", "method"),
     [
-        ("glm5-vllm-graph-healthy.sqlite", GLM_VLLM, 2736, 1, "nvtx"),
-        ("glm5-vllm-piecewise-healthy.sqlite", GLM_VLLM, 2736, 100, "graph"),
-        ("dsv32-vllm-graph-healthy.sqlite", DSV32_VLLM, 2535, 1, "nvtx"),
+        ("glm5-vllm-graph-healthy.sqlite", GLM_VLLM, 2737, 1, "nvtx"),
+        ("glm5-vllm-piecewise-healthy.sqlite", GLM_VLLM, 2737, 100, "graph"),
+        ("dsv32-vllm-graph-healthy.sqlite", DSV32_VLLM, 2536, 1, "nvtx"),
     ],
 )
 def test_healthy_vllm_samples_pass(sample, ledger, kernels, graph_launches, method, tmp_path):
@@ -74,13 +74,14 @@ def test_healthy_vllm_samples_pass(sample, ledger, kernels, graph_launches, meth
 
 
 def test_piecewise_launches_attention_eagerly(tmp_path):
-    """PIECEWISE: 100 graph replays per step and the 534 eager launches between and around
+    """PIECEWISE: 100 graph replays per step and the 535 eager launches between and around
     them (6 MLA-attention kernels x 78 layers, 3 indexer kernels x 21, the indexer metadata,
-    the LM head, the logits all-gather) plus the argmax; FULL: 1 replay and those 3 + 1."""
+    the row gather, the LM head, the logits all-gather) plus the argmax; FULL: 1 replay and
+    those 4 + 1."""
     _, piecewise, _ = _check("glm5-vllm-piecewise-healthy.sqlite", GLM_VLLM, tmp_path)
-    assert [s["cpu_submissions"] for s in piecewise["steps"]] == [100 + 534 + 1 + 3] * 4
+    assert [s["cpu_submissions"] for s in piecewise["steps"]] == [100 + 535 + 1 + 3] * 4
     _, full, _ = _check("glm5-vllm-graph-healthy.sqlite", GLM_VLLM, tmp_path)
-    assert [s["cpu_submissions"] for s in full["steps"]] == [1 + 3 + 1 + 3] * 4
+    assert [s["cpu_submissions"] for s in full["steps"]] == [1 + 4 + 1 + 3] * 4
 
 
 def test_broken_inductor_fusion_is_named(tmp_path):
@@ -89,7 +90,7 @@ def test_broken_inductor_fusion_is_named(tmp_path):
     rc, doc, text = _check("glm5-vllm-graph-broken-fusion.sqlite", GLM_VLLM, tmp_path)
     assert rc == 1
     assert doc["verdict"] == "fail"
-    assert [s["kernels"] for s in doc["steps"]] == [2895] * 4  # 2736 + 159
+    assert [s["kernels"] for s in doc["steps"]] == [2896] * 4  # 2737 + 159
     sources = {f["source"] for f in doc["findings"]}
     assert {"anchors.rms_norm_quant", "anchors.rms_norm_quant_latent", "anchors.fused_add_rmsnorm",
             "total"} <= sources
@@ -97,7 +98,7 @@ def test_broken_inductor_fusion_is_named(tmp_path):
     assert "rms_norm_quant kernels: 0 per step, expected 80 (= layers - 1 + dense_layers)" in flat
     assert "rms_norm_quant_latent kernels: 0 per step, expected 79 (= layers + 1)" in flat
     assert "fused_add_rmsnorm kernels: 156 per step, expected 76 (= moe_layers + 1)" in flat
-    assert "kernels: 2895 per step, expected 2736" in flat
+    assert "kernels: 2896 per step, expected 2737" in flat
     assert "the RMSNorm + quant fusion did not happen (a broken torch.compile fusion" in flat
 
 
@@ -106,7 +107,7 @@ GLM_VLLM_ROLES = {
     "allreduce": 157, "attention": 78, "attention_combine": 78, "attn_quant": 78, "embedding": 3,
     "ffn_act": 153, "ffn_dense_gemm": 156, "ffn_quant": 303, "indexer_cache": 21,
     "indexer_logits": 21, "indexer_norm": 21, "indexer_proj": 63, "indexer_quant": 21,
-    "indexer_topk": 21, "kv_write": 78, "latent_norm": 156, "lm_head": 1, "logits_gather": 1,
+    "indexer_topk": 21, "kv_write": 78, "latent_norm": 156, "lm_head": 2, "logits_gather": 1,
     "mla_absorb": 156, "moe_combine": 75, "moe_dispatch": 150, "moe_gemm": 150, "moe_sum": 75,
     "moe_topk": 75, "o_proj": 78, "page_table": 78, "q_b_proj": 78, "qkv_a_proj": 78,
     "residual_norm": 157, "rope": 99, "router": 75, "sampling": 1, "step_metadata": 1,
@@ -119,6 +120,7 @@ GLM_VLLM_MINUS_SGLANG = {
     "ffn_act": 75,          # the routed experts' SiLU-and-mul (SGLang's DeepGEMM path fuses it)
     "ffn_quant": 228,       # shared and routed quantization before each GEMM
     "indexer_proj": 21,     # weights_proj apart from wk
+    "lm_head": 1,           # the gather of the sampled tokens' rows before it
     "logits_gather": 1,
     "moe_combine": 0,       # moe_sum_kernel in place of DeepEP's combine
     "moe_dispatch": 75,     # moe_align_block_size + count_and_sort in place of DeepEP's dispatch
@@ -131,7 +133,7 @@ GLM_VLLM_MINUS_SGLANG = {
 def test_role_counts_of_the_vllm_glm_step():
     counts = role_counts_per_step("glm-5.3-vllm-tp8-ep8")
     assert counts == GLM_VLLM_ROLES
-    assert sum(counts.values()) == 2736
+    assert sum(counts.values()) == 2737
     # PIECEWISE moves launches out of the graphs; what runs does not change
     assert role_counts_per_step("glm-5.3-vllm-tp8-ep8-piecewise") == GLM_VLLM_ROLES
 
@@ -142,7 +144,7 @@ def test_vllm_minus_sglang_role_counts():
     assert sum(sglang.values()) == 2077
     delta = {role: vllm.get(role, 0) - sglang.get(role, 0) for role in set(vllm) | set(sglang)}
     assert {r: d for r, d in delta.items() if d or r == "moe_combine"} == GLM_VLLM_MINUS_SGLANG
-    assert sum(delta.values()) == 2736 - 2077
+    assert sum(delta.values()) == 2737 - 2077
 
 
 @pytest.mark.parametrize("topology", sorted(TOPOLOGIES))
@@ -167,7 +169,7 @@ def test_role_counts_are_not_read_from_kernel_names():
     assert roles_by_kernel["gemm_indexer_wk_weights"] == {"indexer_proj"}
     assert roles_by_kernel["vllm_rotary"] == {"rope"}
     assert Counter(k.role for k in schedule.kernels if k.eager) == Counter(
-        {"step_metadata": 1, "lm_head": 1, "logits_gather": 1})
+        {"step_metadata": 1, "lm_head": 2, "logits_gather": 1})
 
 
 # ---- real vLLM names -----------------------------------------------------------------------------
@@ -224,7 +226,7 @@ REAL_VLLM_NAMES = {
     "index_elementwise_kernel": None,  # ATen indexing
     "CUDAFunctorOnSelf_add": None,  # ATen in-place add of positions
     "FillFunctor": None,  # ATen fill (2 names across the traces)
-    "vectorized_gather_kernel": None,  # ATen gather of the sampled rows
+    "vectorized_gather_kernel": "logits_rows",  # ATen gather of the sampled tokens' rows
     # vLLM V1 on an AMD GPU, a 24-layer MoE, FULL graph decode
     "Cijk_": "cublas_gemm",  # hipBLASLt GEMMs (4 names)
     "ck_tile6kentry": None,  # ROCm ck_tile RMSNorm (2 names): a ROCm kernel, not this H200 ledger's
@@ -313,8 +315,8 @@ def test_synth_cli_writes_a_piecewise_vllm_step(tmp_path):
         capture_output=True, text=True, cwd=REPO,
     )
     assert proc.returncode == 0, proc.stderr
-    assert ("glm-5.3-vllm-tp8-ep8-piecewise, graph mode, 1 decode steps, 2736 kernels per step (2201 replayed "
-            "in 100 graph launches, 534 eager + sampling)") in proc.stdout
+    assert ("glm-5.3-vllm-tp8-ep8-piecewise, graph mode, 1 decode steps, 2737 kernels per step (2201 replayed "
+            "in 100 graph launches, 535 eager + sampling)") in proc.stdout
     assert "DeepGEMM layout 2025-07" in proc.stdout
 
 
@@ -333,8 +335,8 @@ def test_ledgers_and_generator_agree_on_the_role_deltas(tmp_path):
     """What `compare` of the two samples must find per role: the vLLM ledger's tally minus the
     SGLang ledger's equals the generator's role_counts difference, role by role. The ledgers
     see two launches differently from the generator, the same way on both stacks: layer 0's
-    input norm (its plain norm takes the latent-norm op's place) and the LM head (a tile-named
-    cuBLAS GEMM outside the layers: the generic GEMM)."""
+    input norm (its plain norm takes the latent-norm op's place) and the LM head GEMM (a
+    tile-named cuBLAS GEMM outside the layers: the generic GEMM)."""
     vllm = _ledger_role_tally("glm5-vllm-graph-healthy.sqlite", GLM_VLLM, tmp_path)
     sglang = _ledger_role_tally("glm5-graph-healthy.sqlite", REPO / "expectations" / "glm-5.3-tp8-ep8.toml", tmp_path)
     declared_vllm = role_counts_per_step("glm-5.3-vllm-tp8-ep8")

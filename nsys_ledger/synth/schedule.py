@@ -572,6 +572,7 @@ DECODE_COST_US: dict[str, tuple[float, float]] = {
     "vllm_multimem_all_reduce": (5.2, 0.4),
     "vllm_embedding_mask": (1.6, 0.3),
     "vllm_embedding_masked_fill": (1.5, 0.3),
+    "vllm_logits_rows": (1.6, 0.3),
 }
 # Prefill kernels (batch x PREFILL_TOKENS_PER_REQ tokens) run this many times longer than the
 # decode kernel of the same op; prefill-only kernels get their own base.

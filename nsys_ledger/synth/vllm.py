@@ -77,9 +77,12 @@ Choices, each with its source:
 * Outside the layers: the vocab-parallel embedding (a masked lookup: Inductor's mask kernel,
   the ATen index_select and masked_fill, then an all-reduce: vllm/model_executor/layers/
   vocab_parallel_embedding.py; the mask kernel's name and the masked_fill are in the B200
-  trace), the final norm in the graph; after the graph, eagerly, the LM head (cuBLAS), the
-  logits all-gather (NCCL, real-kernel-names.tsv's vLLM row: LogitsProcessor gathers with
-  all-gather on CUDA) and greedy sampling's argmax (TSV vLLM row).
+  trace), the final norm in the graph; after the graph, eagerly, the gather of the sampled
+  tokens' rows and the LM head (the real vLLM FULL-graph trace in shared/real_traces/kineto,
+  `..._vllm_decode_full_graph_execution`, runs exactly these after its one graph launch: a
+  `vectorized_gather_kernel` and the LM head GEMM), the logits all-gather (NCCL,
+  real-kernel-names.tsv's vLLM row: LogitsProcessor gathers with all-gather on CUDA) and greedy
+  sampling's argmax (TSV vLLM row).
 * CUDA graphs (vllm/config/compilation.py): FULL decode is one graph over the whole forward;
   PIECEWISE splits the compiled graph at the splitting ops (`_attention_ops`, which include
   `vllm::unified_mla_attention_with_output` and `vllm::sparse_attn_indexer`) and runs those
@@ -93,9 +96,10 @@ Per decode step at batch 32 (healthy):
   | MoE 17 per MoE layer | 1275 (75) | 986 (58) |
   | dense MLP 5 per dense layer | 15 | 15 |
   | outside, in the graph | 5 | 5 |
-  | eager (metadata, LM head, gather, argmax) | 4 | 4 |
-  | total | 2736 | 2535 |
-PIECEWISE (GLM-5.3): 100 graph launches and 468 + 63 eager attention/indexer kernels per step.
+  | eager (metadata, row gather, LM head, logits all-gather, argmax) | 5 | 5 |
+  | total | 2737 | 2536 |
+PIECEWISE (GLM-5.3): 100 graph launches and 468 + 63 eager attention/indexer kernels per step
+(535 eager launches with the 4 around the graphs, + the argmax).
 
 Kernel names: the real name where /work/shared holds one (cited); else the name vLLM's (or
 the library's) source gives the kernel, in nsys's demangler spelling (synth/names.py), with
@@ -229,6 +233,13 @@ VLLM_KERNELS: dict[str, KernelType] = {kt.key: kt for kt in (
                _k("<unnamed>::multimem_all_reduce_kernel", (_BF16, int_(16)),
                   "T1 *, unsigned long, unsigned int **, unsigned long, unsigned long"),
                "multimem_all_reduce_kernel", RT_LAUNCH, (8, 1, 1), (512, 1, 1), 40, collective=True),
+    # ---- before the LM head: ATen's gather of the sampled tokens' rows; real, as nsys 2026.2
+    # spells it in shared/real_traces (schedule.py's docstring), and after the graph replay in
+    # the real vLLM FULL-graph trace (AMD-AGI__TraceLens__inference_vllm_decode_full_graph_execution)
+    KernelType("vllm_logits_rows",
+               _k("at::native::vectorized_gather_kernel", (int_(16), type_("long")),
+                  "char *, char *, T2 *, int, long, long, long, long, bool"),
+               "vectorized_gather_kernel", RT_LAUNCH, (32, 1, 1), (128, 1, 1), 24),
     # ---- the vocab-parallel embedding: real names, the B200 trace ----
     KernelType("vllm_embedding_mask",
                plain("triton_poi_fused_add_bitwise_and_bitwise_not_bitwise_or_ge_lt_mul_sub_0"),
@@ -405,7 +416,10 @@ def build_vllm_pass(kind: str, batch: int, faults: frozenset[str], topo: Topolog
     b.add("final_norm", V["vllm_fused_add_rms_norm"], "final_norm", "outside", "model.norm", None,
           role="residual_norm")
     # compute_logits runs outside the model's graph (gpu_model_runner: the graph holds the
-    # model forward only): the LM head and the logits all-gather are eager
+    # model forward only): the rows of the sampled tokens are gathered (`hidden_states[
+    # logits_indices]`), then the LM head and the logits all-gather run, all eagerly
+    b.add("logits_rows", V["vllm_logits_rows"], "lm_head.rows", "outside", "lm_head", None,
+          role="lm_head", eager=True)
     b.add("lm_head", K["gemm_lm_head"], "lm_head", "outside", "lm_head", None, role="lm_head",
           eager=True)
     b.add("logits_gather", DP_GATHER, "logits_gather", "outside", "logits_processor", None,
