@@ -36,6 +36,10 @@ Other deployments (synth/topologies.py, `topology=`) run the same DeepseekV2 lay
   glm-5.3-tp8-ep8-mtp    2044 in three graphs: draft 2, verify 2001 (the target over 2 tokens
                          per request), draft_extend 40 (the MTP layer), and the eager verification
   deepseek-v3.2-tp8-ep8  1874: 61 layers (3 dense), the indexer on all 61
+The vLLM topologies (glm-5.3-vllm-tp8-ep8 and its -piecewise variant: 2737, deepseek-v3.2-
+vllm-tp8-ep8: 2536) run vLLM's own launches, built in synth/vllm.py from the kernel types here.
+Every launch carries its op role (KernelSpec.role, OP_ROLES for this schedule's ops), and
+`role_counts_per_step(topology)` counts a decode step's kernels by role.
 """
 
 from __future__ import annotations
