@@ -533,16 +533,20 @@ def _kineto_path(out: str) -> str:
                    "(OUT.trace.json.gz unless OUT ends in .json.gz or .json) of the same run, as SGLang's torch "
                    "profile writes it (one rank).")
 @click.option("--deepgemm-layout", type=click.Choice(["2025-02", "2025-07", "sglang-2026", "b200"]),
-              default="sglang-2026", show_default=True,
+              default=None,
               help="Name the DeepGEMM kernels as this build did: 2025-02 fp8_gemm_kernel<N, K, ...>, 2025-07 "
                    "sm90_fp8_gemm_1d2d_impl<0, N, K, ...>, sglang-2026 the SGLang fork's <(cute::UMMA::Major)0, "
-                   "0, N, K, ...>, b200 sm100_fp8_fp4_gemm_1d1d_impl (dense GEMMs without their shape).")
+                   "0, N, K, ...>, b200 sm100_fp8_fp4_gemm_1d1d_impl (dense GEMMs without their shape). "
+                   "Default: the engine's, sglang-2026 for SGLang, 2025-07 for vLLM.")
 @click.option("--topology", type=click.Choice(["glm-5.3-tp8-ep8", "glm-5.3-dp8-ep8", "glm-5.3-tp8-ep8-mtp",
-                                               "deepseek-v3.2-tp8-ep8"]),
+                                               "deepseek-v3.2-tp8-ep8", "glm-5.3-vllm-tp8-ep8",
+                                               "glm-5.3-vllm-tp8-ep8-piecewise", "deepseek-v3.2-vllm-tp8-ep8"]),
               default="glm-5.3-tp8-ep8", show_default=True,
               help="The deployment: GLM-5.3 TP8, GLM-5.3 with DP attention (--attn-dp-size 8), GLM-5.3 with "
-                   "MTP (draft, verify, draft_extend graphs; graph mode; fault missing_draft_replay), or "
-                   "DeepSeek-V3.2 TP8. Each has its ledger in expectations/.")
+                   "MTP (draft, verify, draft_extend graphs; graph mode; fault missing_draft_replay), "
+                   "DeepSeek-V3.2 TP8; or vLLM V1 serving GLM-5.3 (FULL or PIECEWISE CUDA graphs) or "
+                   "DeepSeek-V3.2 (graph mode, SQLite, fault broken_fusion only). Each has its ledger in "
+                   "expectations/.")
 def synth(out, mode, steps, ranks, batch, seed, faults, step_nvtx, nsys_version, layerwise_nvtx, capture_batches,
           clone_links, out_format, deepgemm_layout, topology) -> None:
     """Write a synthetic nsys export of GLM-5.3 decode to OUT (SQLite, or a Parquet/Arrow directory),

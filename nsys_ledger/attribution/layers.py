@@ -336,7 +336,8 @@ def infer_layers(kernels: pl.DataFrame, expectations: Expectations) -> tuple[pl.
     cuts = []
     anchor = per_layer_anchor(expectations)
     if anchor is not None:
-        cuts.append((CUT_BY_ANCHOR, *_anchor_cut(main, anchor, expectations.layer_opening_op, opening_ops)))
+        cuts.append((CUT_BY_ANCHOR, *_anchor_cut(main, anchor, expectations.layer_opening_op, opening_ops,
+                                                 rule.closing_op)))
     cuts.append((CUT_BY_OPENING, *_opening_cut(main, rule, opening_ops)))
     boundaries, closing, chosen = _choose_cut(cuts, n_layers)
 
@@ -366,9 +367,12 @@ def per_layer_anchor(expectations: Expectations) -> str | None:
 
 
 def _anchor_cut(main: pl.DataFrame, anchor: str, opening_op: str | None,
-                opening_ops: list[str]) -> tuple[pl.DataFrame, pl.DataFrame]:
+                opening_ops: list[str], closing_op: str | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Boundaries around the once-per-layer anchor (see infer_layers): `rank, step, position,
-    segment` and the closing position `rank, step, _closing`."""
+    segment` and the closing position `rank, step, _closing`. The norms after the last anchor
+    are those of the opening ops and the closing op (vLLM: the post-attention norm of a MoE
+    layer and the final norm are unfused `fused_add_rms_norm` kernels, the opening input norm a
+    fused norm + quant)."""
     key = ["rank", "step"]
     either = pl.col("op").is_in(opening_ops)
     counted = main.with_columns(
@@ -382,7 +386,8 @@ def _anchor_cut(main: pl.DataFrame, anchor: str, opening_op: str | None,
         (pl.col("op") == opening_op) & (pl.col("_anchors_before") >= 1) & (pl.col("_anchors_before") < pl.col("_anchors"))
     ).group_by(*key, "_anchors_before").agg(pl.col("position").max()).drop("_anchors_before")
     boundaries = _numbered_boundaries(pl.concat([first, between], how="vertical_relaxed"))
-    after_last = counted.filter(either & (pl.col("_anchors_before") == pl.col("_anchors")) & (pl.col("_anchors") > 0))
+    norm = either | (pl.col("op") == closing_op) if closing_op else either
+    after_last = counted.filter(norm & (pl.col("_anchors_before") == pl.col("_anchors")) & (pl.col("_anchors") > 0))
     closing = after_last.group_by(key).agg(pl.len().alias("_norms"), pl.col("position").max().alias("_closing")).filter(
         pl.col("_norms") >= 2  # the last layer's post-attention norm, then the final norm
     ).select(*key, "_closing")

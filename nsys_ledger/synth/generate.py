@@ -68,6 +68,7 @@ from nsys_ledger.synth.kineto_writer import KinetoTraceExport
 from nsys_ledger.synth.nsys_sqlite import CaptureFacts, NsysSqliteExport
 from nsys_ledger.synth.schema_eras import era_for_version
 from nsys_ledger.synth.topologies import DEFAULT_TOPOLOGY, get_topology
+from nsys_ledger.synth.vllm import VLLM_DEEPGEMM_LAYOUT, VLLM_FAULTS
 
 FAULTS = ("broken_fusion", "chunked_indexer", "extra_gaps", "extra_h2d", "split_graph",
           "layer_fault", "pageable_h2d", "extra_gaps_host", "extra_gaps_sync",
@@ -236,7 +237,11 @@ class GenerateSummary:
         step-entry launch gap, faults, DeepGEMM and export layouts."""
         ranks = f" x {self.ranks} ranks" if self.ranks > 1 else ""
         per_step = f"{self.kernels_per_step} kernels per step"
-        if self.graph_kernels_per_step:
+        eager = self.kernels_per_step - self.graph_kernels_per_step - 1
+        if self.graph_kernels_per_step and eager > 0:  # vLLM: eager launches around the graphs
+            per_step += (f" ({self.graph_kernels_per_step} replayed in {self.graph_launches_per_step} "
+                         f"graph launches, {eager} eager + sampling)")
+        elif self.graph_kernels_per_step:
             per_step += f" ({self.graph_kernels_per_step} replayed + sampling)"
         entry = ""
         if self.step_entry_gaps_ns:
@@ -357,7 +362,7 @@ class _Rank:
         if self.prefill_draft_extend is not None:
             self.prefill_sampler = replace(self.decode_graph, sampling=S.KernelSpec(
                 S.SAMPLING, "sampling", "outside", "", None, "main",
-                S.decode_cost_ns(S.SAMPLING.key, cfg.batch)))
+                S.decode_cost_ns(S.SAMPLING.key, cfg.batch), role="sampling"))
 
     # -- random helpers (deterministic per rank) ---------------------------------------------
     def u(self, lo: int, hi: int) -> int:
@@ -560,6 +565,15 @@ def _eager_forward(rs: _Rank, sched: S.Schedule, *, capture: bool = False,
         rs.nvtx_to((), sched.tokens)
 
 
+def _eager_launches(rs: _Rank, sched: S.Schedule, lo: int, hi: int) -> Iterator:
+    """Graph mode: the kernels [lo, hi) of `sched` that run outside the graphs, one launch
+    call each on the main stream (vLLM's eager attention ops between PIECEWISE graphs, its
+    indexer metadata before the graph, its LM head and logits gather after it)."""
+    for spec in sched.kernels[lo:hi]:
+        yield _launch_kernel(rs, spec, stream=STREAM_MAIN, earliest_lat=(2_000, 3_500),
+                             gap=rs.u(700, 1_500), dur=int(spec.dur_ns * rs.jitter(1)[0]))
+
+
 def _sampling(rs: _Rank, sched: S.Schedule, tag=None) -> Iterator:
     spec = sched.sampling
     op = _launch_kernel(rs, spec, stream=STREAM_MAIN, earliest_lat=(2_000, 3_200),
@@ -738,6 +752,19 @@ def _event_sync(rs: _Rank, target: _Op | None) -> None:
     rs.t = end
 
 
+def _step_range_text(cfg: _Config, prefill: bool) -> str:
+    """The name of the range around one forward pass: SGLang-style `decode bs=32`, or vLLM
+    V1's step annotation (gpu_model_runner: `execute_context_{n}({tokens})_generation_{m}
+    ({tokens})`, n prefill and m decode requests; the real vLLM traces in
+    shared/real_traces/kineto carry it, e.g. `execute_context_1(888_788544)_generation_0(0)`)."""
+    if get_topology(cfg.topology).framework != "vllm":
+        return f"{'prefill' if prefill else 'decode'} bs={cfg.batch}"
+    b = cfg.batch
+    if prefill:
+        return f"execute_context_{b}({b * S.PREFILL_TOKENS_PER_REQ})_generation_0(0)"
+    return f"execute_context_0(0)_generation_{b}({b})"
+
+
 def _rank_program(rs: _Rank) -> Iterator:
     cfg = rs.cfg
     graph_mode = cfg.mode == "graph"
@@ -757,9 +784,9 @@ def _rank_program(rs: _Rank) -> Iterator:
             si = rs.decode_graph.split_index()
             parts = [(0, si), (si, len(rs.decode_graph.kernels))]
         else:
-            # one graph, or with MTP the draft, verify and draft_extend graphs of the step
-            bounds = (0, *rs.decode_graph.graph_starts, len(rs.decode_graph.kernels))
-            parts = list(zip(bounds[:-1], bounds[1:]))
+            # one graph, with MTP the draft, verify and draft_extend graphs of the step, with
+            # vLLM's PIECEWISE mode one graph per piece between the eager attention launches
+            parts = [(lo, hi) for lo, hi, in_graph in rs.decode_graph.segments() if in_graph]
         for bs in cfg.capture_batch_sizes or (cfg.batch,):
             # one graph per captured batch size; its layer-wise NVTX text carries that size
             sched = rs.decode_graph if bs == cfg.batch else S.decode_schedule(
@@ -777,8 +804,7 @@ def _rank_program(rs: _Rank) -> Iterator:
         rs.t += rs.u(120_000, 260_000)  # scheduler: pick the batch, build the ForwardBatch
         if cfg.step_nvtx:  # a user range around the whole forward pass, outside the markers
             rs.t += rs.u(1_000, 2_000)
-            kind = "prefill" if step is None else "decode"
-            step_range = (rs.t, f"{kind} bs={cfg.batch}")
+            step_range = (rs.t, _step_range_text(cfg, step is None))
             rs.t += rs.u(250, 500)
         for c in copies:
             yield from _h2d(rs, c)
@@ -788,16 +814,27 @@ def _rank_program(rs: _Rank) -> Iterator:
         sampled = False
         if step is None:
             yield from _eager_forward(rs, rs.prefill, nvtx=cfg.layerwise_nvtx)
-        elif graph_mode:
-            sample_after = rs.decode_graph.sampling_after_graph
+        elif graph_mode and SPLIT_FAULTS & cfg.faults:
             for gi, g in enumerate(graphs):
                 if gi > 0 and "split_graph" in cfg.faults:  # a small H2D copy between the replays
                     yield from _h2d(rs, CopyTruth("split_metadata", cfg.batch * 4, False))
                 entry = rs.cur.copies[-1] if gi == 0 else None
                 yield from _graph_replay(rs, g, gaps, step, entry_after=entry)
+        elif graph_mode:
+            sample_after = rs.decode_graph.sampling_after_graph
+            replays = iter(graphs)
+            gi = 0
+            for si, (lo, hi, in_graph) in enumerate(rs.decode_graph.segments()):
+                if not in_graph:  # vLLM: eager launches before, between or after the graphs
+                    yield from _eager_launches(rs, rs.decode_graph, lo, hi)
+                    continue
+                # the step's first launch is timed from its last H2D copy (the step entry)
+                entry = rs.cur.copies[-1] if si == 0 else None
+                yield from _graph_replay(rs, next(replays), gaps, step, entry_after=entry)
                 if gi == sample_after:  # MTP: verify the draft before the draft_extend replay
                     yield from _sampling(rs, rs.decode_graph)
                     sampled = True
+                gi += 1
         else:
             yield from _eager_forward(rs, rs.decode_eager, nvtx=cfg.layerwise_nvtx, gaps=gaps,
                                       step=step)
@@ -894,7 +931,7 @@ def generate(out_path: str | Path, *, mode: str = "graph", steps: int = 8, ranks
              vacuum: bool = False, nsys_version: str | None = None,
              capture_batch_sizes: tuple[int, ...] | None = None,
              clone_links: int = 1,
-             deepgemm_layout: str = S.DEFAULT_DEEPGEMM_LAYOUT,
+             deepgemm_layout: str | None = None,
              topology: str = DEFAULT_TOPOLOGY, format: str = "sqlite") -> GenerateSummary:
     """Write one synthetic nsys export of SGLang GLM-5.3 decode and return the truth about it.
 
@@ -913,7 +950,11 @@ def generate(out_path: str | Path, *, mode: str = "graph", steps: int = 8, ranks
     (must include `batch`, the one decode replays). clone_links (graph mode): clone links from
     each exec node back to the node created at capture (instantiation may clone several times).
     deepgemm_layout: the DeepGEMM build whose kernel names the trace carries, one of
-    synth.deepgemm.DEEPGEMM_LAYOUTS ("2025-02", "2025-07", "sglang-2026" (default), "b200").
+    synth.deepgemm.DEEPGEMM_LAYOUTS ("2025-02", "2025-07", "sglang-2026", "b200"); None: the
+    topology's engine's, "sglang-2026" for SGLang, "2025-07" (upstream DeepGEMM) for vLLM.
+    A vLLM topology ("glm-5.3-vllm-tp8-ep8", its "-piecewise" variant, "deepseek-v3.2-vllm-
+    tp8-ep8") writes vLLM's launches (synth/vllm.py) and no SGLang layer-wise markers
+    (layerwise_nvtx is ignored); its step range (step_nvtx) is vLLM's step annotation.
     format: "sqlite" (an nsys export, default) or "kineto" (the PyTorch profiler's gzip JSON of
     the same timeline: synth/kineto_writer.py; one rank, node-level kernels, no nsys layout)."""
     t_begin = time.perf_counter()
@@ -929,6 +970,14 @@ def generate(out_path: str | Path, *, mode: str = "graph", steps: int = 8, ranks
     if mode not in ("graph", "eager"):
         raise ValueError(f"mode must be 'graph' or 'eager', not {mode!r}")
     topo = get_topology(topology)
+    if deepgemm_layout is None:
+        deepgemm_layout = VLLM_DEEPGEMM_LAYOUT if topo.framework == "vllm" else S.DEFAULT_DEEPGEMM_LAYOUT
+    if topo.framework == "vllm":
+        layerwise_nvtx = False  # SGLang's marker; vLLM writes no per-module ranges by default
+        unsupported = sorted(set(faults) - VLLM_FAULTS)
+        if unsupported or mode != "graph" or format != "sqlite":
+            raise ValueError(f"{topology} is simulated in graph mode as an nsys SQLite export, with "
+                             f"the faults {sorted(VLLM_FAULTS)} only")
     bad = sorted(set(faults) - set(FAULTS) - set(TOPOLOGY_FAULTS))
     if bad:
         raise ValueError(f"unknown faults {bad}; known: {FAULTS + TOPOLOGY_FAULTS}")
@@ -1010,18 +1059,24 @@ def generate(out_path: str | Path, *, mode: str = "graph", steps: int = 8, ranks
     copies = tuple(_copy_plan(cfg))
     if "split_graph" in faults:
         copies = copies + (CopyTruth("split_metadata", batch * 4, False),)
-    n_graph = len(sched.kernels) if mode == "graph" else 0
+    in_graph = [k for k in sched.kernels if not k.eager]
+    n_graph = len(in_graph) if mode == "graph" else 0
+    graph_parts = sum(1 for _lo, _hi, g in sched.segments() if g)
     summary = GenerateSummary(
         path=str(out_path), mode=mode, steps=steps, ranks=ranks, batch=batch, seed=seed,
         faults=tuple(faults), cuda_graph_trace=cuda_graph_trace,
         kernels_per_step=len(sched.kernels) + 1, graph_kernels_per_step=n_graph,
         step_kernel_counts=names, step_short_counts=dict(shorts),
         step_group_counts=sched.counts_by_group(),
-        graph_launches_per_step=(2 if SPLIT_FAULTS & set(faults) else 1 + len(sched.graph_starts))
+        graph_launches_per_step=(2 if SPLIT_FAULTS & set(faults) else graph_parts)
         if mode == "graph" else 0,
         h2d_per_step=len(copies), pageable_h2d_per_step=sum(c.pageable for c in copies),
         copies_per_step=copies,
-        launch_calls_per_step=1 if mode == "graph" else len(sched.kernels) + 1,
+        # graph mode: as before 1 for an all-graph pass; with eager launches (vLLM) its graph
+        # launches plus its eager kernel launches
+        launch_calls_per_step=(1 if n_graph == len(sched.kernels) else
+                               graph_parts + len(sched.kernels) - n_graph) if mode == "graph"
+        else len(sched.kernels) + 1,
         prefill_kernels=prefill_kernels, warmup_kernels=warmup_kernels,
         capture_nodes=rks[0].capture_nodes, injected_gaps=injected, step_truth=truth_steps,
         pids=tuple(rs.pid for rs in rks), devices=tuple(rs.device for rs in rks),

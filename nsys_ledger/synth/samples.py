@@ -3,8 +3,9 @@
     python -m nsys_ledger.synth.samples sample_traces/
 
 Each file is a small (4 decode steps, < 5 MB) synthetic nsys 2026.2 export of SGLang GLM-5.3
-decode (or, named by its `topology`, GLM-5.3 with DP attention or MTP, or DeepSeek-V3.2); `manifest.json` next to them records the generator's truth for each file (kernels per
-step, per-name counts, injected gaps, H2D copies per step, ...).
+decode (or, named by its `topology`, GLM-5.3 with DP attention or MTP, or DeepSeek-V3.2, or
+vLLM V1 serving GLM-5.3 or DeepSeek-V3.2); `manifest.json` next to them records the generator's
+truth for each file (kernels per step, per-name counts, injected gaps, H2D copies per step, ...).
 """
 
 from __future__ import annotations
@@ -71,6 +72,17 @@ SAMPLES: dict[str, dict] = {
     # ... and DeepSeek-V3.2 with one extra kernel in layer 41
     "dsv32-graph-healthy.sqlite": {"topology": "deepseek-v3.2-tp8-ep8"},
     "dsv32-graph-layer41.sqlite": {"topology": "deepseek-v3.2-tp8-ep8", "faults": ("layer_fault",)},
+    # vLLM V1 (synth/vllm.py): GLM-5.3 in a FULL decode graph with vLLM's step annotation, ...
+    "glm5-vllm-graph-healthy.sqlite": {"topology": "glm-5.3-vllm-tp8-ep8", "step_nvtx": True},
+    # ... in PIECEWISE graphs (100 replays per step, the attention and indexer ops eager between
+    # them), without step ranges: steps come from the graph launches and the eager argmax ...
+    "glm5-vllm-piecewise-healthy.sqlite": {"topology": "glm-5.3-vllm-tp8-ep8-piecewise"},
+    # ... with torch.compile's RMSNorm + FP8 quant fusion broken (the unfused norm and a group
+    # quant at each of the 159 fused sites) ...
+    "glm5-vllm-graph-broken-fusion.sqlite": {"topology": "glm-5.3-vllm-tp8-ep8", "step_nvtx": True,
+                                             "faults": ("broken_fusion",)},
+    # ... and DeepSeek-V3.2 in a FULL graph
+    "dsv32-vllm-graph-healthy.sqlite": {"topology": "deepseek-v3.2-vllm-tp8-ep8", "step_nvtx": True},
 }
 
 

@@ -36,6 +36,10 @@ Other deployments (synth/topologies.py, `topology=`) run the same DeepseekV2 lay
   glm-5.3-tp8-ep8-mtp    2044 in three graphs: draft 2, verify 2001 (the target over 2 tokens
                          per request), draft_extend 40 (the MTP layer), and the eager verification
   deepseek-v3.2-tp8-ep8  1874: 61 layers (3 dense), the indexer on all 61
+The vLLM topologies (glm-5.3-vllm-tp8-ep8 and its -piecewise variant: 2737, deepseek-v3.2-
+vllm-tp8-ep8: 2536) run vLLM's own launches, built in synth/vllm.py from the kernel types here.
+Every launch carries its op role (KernelSpec.role, OP_ROLES for this schedule's ops), and
+`role_counts_per_step(topology)` counts a decode step's kernels by role.
 """
 
 from __future__ import annotations
@@ -547,6 +551,32 @@ DECODE_COST_US: dict[str, tuple[float, float]] = {
     "tree_speculative_sampling": (24.0, 0.5),
     # DeepSeek-V3.2
     "gemm_router_dsv3": (3.6, 0.2),
+    # vLLM (synth/vllm.py): its own norms, quantization, indexer, MoE and all-reduce kernels
+    "vllm_rms_norm_block_quant_residual": (3.6, 0.5),
+    "vllm_rms_norm_block_quant": (2.8, 0.5),
+    "vllm_fused_add_rms_norm": (3.1, 0.5),
+    "vllm_rms_norm": (2.3, 0.5),
+    "vllm_inductor_layer_norm": (2.0, 0.5),
+    "vllm_group_quant": (2.4, 0.5),
+    "vllm_rotary": (2.3, 0.5),
+    "vllm_concat_and_cache_ds_mla": (2.1, 0.5),
+    "vllm_convert_req_index": (2.6, 0.6),
+    "vllm_indexer_k_quant_and_cache": (2.2, 0.5),
+    "vllm_topk_per_row_decode": (8.4, 0.8),
+    "vllm_paged_mqa_logits_metadata": (2.2, 0.2),
+    "vllm_grouped_topk": (3.3, 0.4),
+    "vllm_moe_align": (3.0, 0.3),
+    "vllm_count_and_sort": (2.2, 0.3),
+    # Triton fused MoE over the 32 local experts' FP8 weights: weight bound like DeepGEMM's
+    "vllm_fused_moe_gate_up": (178.0, 0.05),
+    "vllm_fused_moe_down": (92.0, 0.05),
+    "vllm_act_and_mul": (2.2, 0.5),
+    "vllm_moe_sum": (2.3, 0.5),
+    "vllm_inductor_moe_merge": (1.9, 0.5),
+    "vllm_multimem_all_reduce": (5.2, 0.4),
+    "vllm_embedding_mask": (1.6, 0.3),
+    "vllm_embedding_masked_fill": (1.5, 0.3),
+    "vllm_logits_rows": (1.6, 0.3),
 }
 # Prefill kernels (batch x PREFILL_TOKENS_PER_REQ tokens) run this many times longer than the
 # decode kernel of the same op; prefill-only kernels get their own base.
@@ -569,8 +599,10 @@ _FAMILY = {
 
 
 def _family(key: str) -> str:
-    if key.startswith("gemm_moe"):
+    if key.startswith(("gemm_moe", "vllm_fused_moe")):
         return "moe"
+    if key == "vllm_multimem_all_reduce":
+        return "comm"
     for fam, prefixes in _FAMILY.items():
         if key.startswith(prefixes):
             return fam
@@ -758,6 +790,12 @@ class KernelSpec:
     stream: str  # "main" or "alt" (alt only exists in CUDA-graph capture mode)
     dur_ns: int  # mean GPU duration
     deps: tuple[int, ...] = ()  # indices of earlier specs on the other stream this one waits on
+    # what the launch does in the model, from the shared vocabulary (ledger/roles.py); "" for a
+    # fault's stray kernel, which does nothing the model asks for
+    role: str = ""
+    # launched by the host even in graph mode: outside the CUDA graphs (vLLM's piecewise
+    # attention, its logits and metadata kernels); the graph parts are the runs between these
+    eager: bool = False
 
     @property
     def name(self) -> str:
@@ -798,12 +836,64 @@ class Schedule:
         c = Counter(k.layer for k in self.kernels if k.layer is not None)
         return [c[layer] for layer in range(self.num_layers)]
 
+    def segments(self) -> list[tuple[int, int, bool]]:
+        """The pass in launch order as (lo, hi, in_graph) runs of `kernels`: the graph parts
+        (`graph_starts` splits them further) and the eager launches between them."""
+        cuts = set(self.graph_starts)
+        out: list[tuple[int, int, bool]] = []
+        lo = 0
+        for i in range(1, len(self.kernels) + 1):
+            if (i == len(self.kernels) or i in cuts
+                    or self.kernels[i].eager != self.kernels[lo].eager):
+                out.append((lo, i, not self.kernels[lo].eager))
+                lo = i
+        return out
+
+    def role_counts(self) -> dict[str, int]:
+        """Kernels of the step by role (the sampling kernel included; roleless fault kernels
+        under "")."""
+        c = Counter(k.role for k in self.kernels)
+        c[self.sampling.role] += 1
+        return dict(c)
+
     def split_index(self, layer: int = SPLIT_GRAPH_LAYER) -> int:
         """Index of the first kernel of `layer` (where a split graph starts its second part)."""
         for i, k in enumerate(self.kernels):
             if k.layer == layer:
                 return i
         raise ValueError(layer)
+
+
+# The role of every op the SGLang schedule launches (the generator's op names, the second field
+# of KernelSpec; roles from nsys_ledger/ledger/roles.py, as the SGLang ledgers give them to the
+# ledger ops that claim these launches: a cuBLAS GEMM gets the role of the place it fills, the
+# router's, the indexer's or the absorption's, as the ledgers' layer sequences place it).
+OP_ROLES: dict[str, str] = {
+    "embedding": "embedding", "final_norm": "residual_norm", "lm_head": "lm_head",
+    "sampling": "sampling",
+    # layer 0's plain RMSNorm is still its input norm (the ledgers' "fused_add_rmsnorm|rmsnorm")
+    "input_norm": "residual_norm", "post_attn_norm": "residual_norm",
+    "qkv_a_proj": "qkv_a_proj", "q_a_norm": "latent_norm", "kv_a_norm": "latent_norm",
+    "q_b_proj": "q_b_proj", "rope": "rope", "q_absorb": "mla_absorb", "o_absorb": "mla_absorb",
+    "kv_write": "kv_write", "sparse_mla": "attention", "sparse_mla.combine": "attention_combine",
+    "o_proj": "o_proj", "attn_allreduce": "allreduce",
+    "indexer.wq_b": "indexer_proj", "indexer.wk_weights_proj": "indexer_proj",
+    "indexer.k_norm": "indexer_norm", "indexer.act_quant": "indexer_quant",
+    "indexer.store_cache": "indexer_cache", "indexer.logits": "indexer_logits",
+    "indexer.topk": "indexer_topk",
+    "mlp.gate_up": "ffn_dense_gemm", "mlp.act": "ffn_act", "mlp.down": "ffn_dense_gemm",
+    "moe.router": "router", "moe.shared_gate_up": "ffn_dense_gemm", "moe.shared_act": "ffn_act",
+    "moe.shared_down": "ffn_dense_gemm", "moe.topk": "moe_topk", "moe.quant": "ffn_quant",
+    "deepep.dispatch": "moe_dispatch", "moe.gate_up": "moe_gemm", "moe.down": "moe_gemm",
+    "deepep.combine": "moe_combine", "moe.scale_shared_add": "moe_sum",
+    "dp_gather": "dp_gather", "dp_reduce_scatter": "dp_scatter",
+    "layer_fault.copy": "",  # a fault's stray copy: no role
+    # MTP: the draft model's own plumbing (its decoder layer keeps the layer roles above)
+    "mtp.embedding": "mtp_draft", "mtp.enorm": "mtp_draft", "mtp.hnorm": "mtp_draft",
+    "mtp.cat": "mtp_draft", "mtp.eh_proj": "mtp_draft", "mtp.shared_head_norm": "mtp_draft",
+    "mtp.lm_head": "mtp_draft", "mtp.draft_probs": "mtp_draft", "mtp.draft_top1": "mtp_draft",
+    "mtp.draft_tree": "mtp_draft", "mtp.draft_cache_locs": "mtp_draft",
+}
 
 
 class _Builder:
@@ -821,18 +911,23 @@ class _Builder:
         return prefill_cost_ns(kt.key, self.batch)
 
     def add(self, key: str, kt: KernelType, op: str, group: str, module: str, layer: int | None,
-            stream: str = "main", deps: tuple[str, ...] = (), dur_ns: int | None = None) -> None:
+            stream: str = "main", deps: tuple[str, ...] = (), dur_ns: int | None = None,
+            *, role: str | None = None, eager: bool = False) -> None:
+        """Append one launch; its role is `role`, else the role of the schedule op `op`
+        (OP_ROLES: every op the SGLang schedule launches)."""
         if not self.alt:
             stream, deps = "main", ()
         dep_idx = tuple(self.keys[(layer, d)] for d in deps if (layer, d) in self.keys)
         idx = len(self.specs)
         self.specs.append(KernelSpec(kt, op, group, module, layer, stream,
-                                     dur_ns if dur_ns is not None else self.cost(kt), dep_idx))
+                                     dur_ns if dur_ns is not None else self.cost(kt), dep_idx,
+                                     role=OP_ROLES[op] if role is None else role, eager=eager))
         self.keys[(layer, key)] = idx
         if kt is FUSED_ADD_RMSNORM and "broken_fusion" in self.faults:
             # the norm + FP8 quant fusion is lost: a separate group quant follows every norm
             self.specs.append(KernelSpec(GROUP_QUANT, "broken_fusion.quant", "fault", module,
-                                         layer, "main", self.cost(GROUP_QUANT), ()))
+                                         layer, "main", self.cost(GROUP_QUANT), (),
+                                         role="ffn_quant"))
 
 
 def _build(kind: str, batch: int, faults: frozenset[str], alt_streams: bool,
@@ -847,7 +942,8 @@ def _build(kind: str, batch: int, faults: frozenset[str], alt_streams: bool,
         _decoder_layer(b, K, topo, L, layer_prefix(L), decode, faults)
     b.add("final_norm", FUSED_ADD_RMSNORM, "final_norm", "outside", "model.model.norm", None)
     b.add("lm_head", K["gemm_lm_head"], "lm_head", "outside", "model.logits_processor", None)
-    sampling = KernelSpec(SAMPLING, "sampling", "outside", "", None, "main", b.cost(SAMPLING))
+    sampling = KernelSpec(SAMPLING, "sampling", "outside", "", None, "main", b.cost(SAMPLING),
+                          role="sampling")
     tokens = batch if decode else batch * PREFILL_TOKENS_PER_REQ
     return Schedule(kind, batch, tokens, tuple(b.specs), sampling, faults,
                     num_layers=topo.num_layers, topology=topo.name)
@@ -1029,7 +1125,7 @@ def _build_mtp_decode(batch: int, faults: frozenset[str], alt_streams: bool,
             starts.append(len(kernels))
         kernels += _shifted(part, len(kernels))
     sampling = KernelSpec(VERIFY_SAMPLING, "sampling", "outside", "", None, "main",
-                          decode_cost_ns(VERIFY_SAMPLING.key, batch))
+                          decode_cost_ns(VERIFY_SAMPLING.key, batch), role="sampling")
     return Schedule("decode", batch, verify_batch, tuple(kernels), sampling, faults,
                     num_layers=topo.num_layers, topology=topo.name, graph_starts=tuple(starts),
                     sampling_after_graph=len(parts) - 2)
@@ -1046,6 +1142,10 @@ def decode_schedule(batch: int = 32, faults: frozenset[str] | set[str] | tuple =
     kernels are named (one of synth.deepgemm.DEEPGEMM_LAYOUTS). topology: one of
     synth.topologies.TOPOLOGIES; with MTP the pass is three graphs (`Schedule.graph_starts`)."""
     topo = get_topology(topology)
+    if topo.framework == "vllm":
+        from nsys_ledger.synth.vllm import build_vllm_pass  # it builds on this module
+
+        return build_vllm_pass("decode", batch, frozenset(faults), topo, deepgemm_layout)
     if topo.mtp:
         return _build_mtp_decode(batch, frozenset(faults) & (SCHEDULE_FAULTS | MTP_FAULTS),
                                  alt_streams, deepgemm_layout, topo)
@@ -1057,7 +1157,14 @@ def prefill_schedule(batch: int = 32, faults: frozenset[str] | set[str] | tuple 
                      *, deepgemm_layout: str = DEFAULT_DEEPGEMM_LAYOUT,
                      topology: str = DEFAULT_TOPOLOGY) -> Schedule:
     """The eager prefill pass: sparse_attn_fwd_kernel instead of the split-KV decode kernel,
-    non-paged indexer logits, DeepEP normal mode, contiguous grouped GEMMs; single stream."""
+    non-paged indexer logits, DeepEP normal mode, contiguous grouped GEMMs; single stream.
+    A vLLM topology runs its decode kernels over the prompt (FlashMLA sparse at TP8 treats
+    prefill tokens as one mixed batch for the FP8 decode kernel: synth/vllm.py)."""
+    topo = get_topology(topology)
+    if topo.framework == "vllm":
+        from nsys_ledger.synth.vllm import build_vllm_pass
+
+        return build_vllm_pass("prefill", batch, frozenset(faults), topo, deepgemm_layout)
     return _build("prefill", batch, frozenset(faults) & SCHEDULE_FAULTS, False, deepgemm_layout,
                   topology)
 
@@ -1070,6 +1177,13 @@ def mtp_prefill_extend(batch: int = 32, faults: frozenset[str] | set[str] | tupl
     topo = get_topology(topology)
     return tuple(_mtp_layer_pass("prefill", batch, frozenset(faults) & SCHEDULE_FAULTS, False,
                                  deepgemm_layout, topo))
+
+
+def role_counts_per_step(topology: str = DEFAULT_TOPOLOGY, batch: int = 32) -> dict[str, int]:
+    """Kernels per healthy decode step of `topology`, by role (ledger/roles.py), as the
+    generator launches them: each launch's role is set where the schedule adds it, never read
+    back from a kernel name. The sampling kernel (or MTP's verification) counts as `sampling`."""
+    return dict(sorted(decode_schedule(batch, topology=topology).role_counts().items()))
 
 
 def with_durations(s: Schedule, scale: float) -> Schedule:

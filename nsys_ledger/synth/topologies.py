@@ -11,6 +11,9 @@ ARCHITECTURE.md: the generator and the ledger are two independent statements of 
 | `glm-5.3-dp8-ep8` | `--attn-dp-size 8`: attention at full heads (attn_tp 1), no attention AllReduce, an AllGather before and a ReduceScatter after every layer's FFN |
 | `glm-5.3-tp8-ep8-mtp` | MTP on: each step replays draft, verify and draft_extend graphs |
 | `deepseek-v3.2-tp8-ep8` | the same DeepseekV2 layers at DeepSeek-V3.2's shapes: 61 layers, hidden 7168, the indexer on every layer |
+| `glm-5.3-vllm-tp8-ep8` | vLLM V1 instead of SGLang (synth/vllm.py): its kernels, FULL CUDA graph for decode, Triton fused MoE without all-to-all, a second all-reduce after every FFN |
+| `glm-5.3-vllm-tp8-ep8-piecewise` | the same under `cudagraph_mode=PIECEWISE`: one graph per piece, the MLA attention and the indexer's custom ops eager between them |
+| `deepseek-v3.2-vllm-tp8-ep8` | vLLM V1 serving DeepSeek-V3.2 (61 layers, the indexer on all), FULL CUDA graph |
 
 Per-rank GEMM shapes follow from the config and the attention TP size (the number of query
 heads a rank holds: num_attention_heads / attn_tp):
@@ -65,6 +68,12 @@ class Topology:
     mtp: bool = False  # speculative decoding with the model's MTP layer (EAGLE worker)
     ep: int = 8
     tp: int = 8
+    # the serving engine whose launches the generator writes: "sglang" (schedule.py) or "vllm"
+    # (synth/vllm.py: its kernels, its step annotation, no SGLang layer-wise markers)
+    framework: str = "sglang"
+    # vLLM's CUDA-graph mode for decode: FULL (one graph) or PIECEWISE (one graph per piece
+    # between the attention custom ops, which run eagerly)
+    piecewise: bool = False
 
     @property
     def local_heads(self) -> int:
@@ -137,6 +146,26 @@ _DSV32_GEMMS: tuple[GlmGemm, ...] = (
     GlmGemm("gemm_moe_down_contig", 7168, 2048, 32, GEMM_CONTIGUOUS, block_n=128),
 )
 
+# ---- vLLM ------------------------------------------------------------------------------------
+# The same two models as vLLM V1 serves them at TP8 + EP8 (`--tensor-parallel-size 8
+# --enable-expert-parallel`, data parallel 1): see synth/vllm.py for the launches. What changes
+# in the GEMM shapes: vLLM shards the shared expert over the TP group like any MLP
+# (vllm/model_executor/models/deepseek_v2.py, DeepseekV2MoE: the shared experts are a
+# DeepseekV2MLP with `reduce_results=False`, tensor parallel; there is no DeepEP tp_size=1 rule
+# here because DP is 1 and no all-to-all backend runs), so its gate_up is 2 x 2048 / 8 = 512 wide
+# over the hidden size and its down reads 2048 / 8 = 256.
+GLM_VLLM = "glm-5.3-vllm-tp8-ep8"
+GLM_VLLM_PIECEWISE = "glm-5.3-vllm-tp8-ep8-piecewise"
+DEEPSEEK_V32_VLLM = "deepseek-v3.2-vllm-tp8-ep8"
+_GLM_VLLM_GEMMS = _with_shapes(GLM_GEMMS, gemm_shared_gate_up=(512, 6144, 32),
+                               gemm_shared_down=(6144, 256, 96))
+_DSV32_VLLM_GEMMS = _with_shapes(_DSV32_GEMMS, gemm_shared_gate_up=(512, 7168, 32),
+                                 gemm_shared_down=(7168, 256, 112))
+_DSV32 = dict(model="DeepSeek-V3.2", num_layers=61, dense_layers=(0, 1, 2),
+              full_indexer_layers=tuple(range(61)), hidden=7168, heads=128, q_lora_rank=1536,
+              qk_nope_head_dim=128, v_head_dim=128, index_heads=64, vocab=129280,
+              intermediate=18432)
+
 TOPOLOGIES: dict[str, Topology] = {
     GLM_TP8: Topology(GLM_TP8, attn_tp=8, gemms=GLM_GEMMS, **_GLM),
     GLM_DP8: Topology(GLM_DP8, attn_tp=1, gemms=_GLM_DP8_GEMMS, dp_attention=True, **_GLM),
@@ -146,6 +175,11 @@ TOPOLOGIES: dict[str, Topology] = {
         full_indexer_layers=tuple(range(61)), hidden=7168, heads=128, attn_tp=8, q_lora_rank=1536,
         qk_nope_head_dim=128, v_head_dim=128, index_heads=64, vocab=129280, intermediate=18432,
         gemms=_DSV32_GEMMS),
+    GLM_VLLM: Topology(GLM_VLLM, attn_tp=8, gemms=_GLM_VLLM_GEMMS, framework="vllm", **_GLM),
+    GLM_VLLM_PIECEWISE: Topology(GLM_VLLM_PIECEWISE, attn_tp=8, gemms=_GLM_VLLM_GEMMS,
+                                 framework="vllm", piecewise=True, **_GLM),
+    DEEPSEEK_V32_VLLM: Topology(DEEPSEEK_V32_VLLM, attn_tp=8, gemms=_DSV32_VLLM_GEMMS,
+                                framework="vllm", **_DSV32),
 }
 DEFAULT_TOPOLOGY = GLM_TP8
 
