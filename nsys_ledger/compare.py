@@ -33,9 +33,7 @@ import polars as pl
 
 from nsys_ledger.api import Result
 from nsys_ledger.attribution.step_kinds import DEFAULT_KIND, STEP_KINDS
-from nsys_ledger.ledger.roles import role_order
-
-NO_ROLE = "(no role)"
+from nsys_ledger.ledger.roles import NO_ROLE, op_roles, role_of, role_order  # noqa: F401  (NO_ROLE: for callers)
 WARMUP_MIN_STEPS = 3  # a rank with this many steps of a kind drops its first one
 EXPLAINING_ROLES = 5  # roles listed as explaining the difference
 
@@ -205,10 +203,7 @@ def compared_steps(windows: pl.DataFrame) -> pl.DataFrame:
 
 def _role_column(result: Result) -> pl.Expr:
     """Each kernel's role: its op's role in the result's ledger, else NO_ROLE."""
-    roles = {name: op.role for name, op in result.expectations.ops.items() if op.role} if result.expectations else {}
-    if not roles:
-        return pl.lit(NO_ROLE)
-    return pl.col("op").replace_strict(roles, default=None, return_dtype=pl.Utf8).fill_null(NO_ROLE)
+    return role_of("op", op_roles(result.expectations))
 
 
 def _layer_of_rows(result: Result) -> pl.DataFrame:
@@ -300,7 +295,7 @@ def _side(label: str, result: Result, frames: _Frames) -> Side:
     return Side(
         label=label, path=result.trace.path,
         ledger=ledger.name if ledger else None, ledger_path=ledger.path if ledger else None,
-        roles_declared=sum(1 for op in ledger.ops.values() if op.role) if ledger else 0,
+        roles_declared=len(op_roles(ledger)),
         steps=steps, ranks=tuple(sorted(frames.steps["rank"].unique().to_list())),
     )
 
