@@ -49,8 +49,8 @@ STEP_FIGURES: tuple[tuple[str, str, str], ...] = (
     ("graph_replays", "graph replays", "count"),
     ("nodes_per_graph", "nodes per graph", "count"),
     ("non_graph_launches", "launches outside graphs", "count"),
-    ("graph_launch_ns_per_graph", "cudaGraphLaunch host time per graph", "ns"),
-    ("graph_launch_ns_per_node", "cudaGraphLaunch host time per node", "ns"),
+    ("graph_launch_ns_per_graph", "graph launch host time per graph", "ns"),  # cudaGraphLaunch, hipGraphLaunch
+    ("graph_launch_ns_per_node", "graph launch host time per node", "ns"),
 )
 
 
