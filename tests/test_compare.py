@@ -228,6 +228,25 @@ def test_real_sglang_vs_vllm_decode_without_a_ledger():
     assert "(no role)" in click.unstyle(render_compare(comparison, width=100))
 
 
+B200_PREFILL = KINETO_TRACES / "AMD-AGI__TraceLens__b200_eager_trace.json.gz"
+
+
+@needs_shared(B200_PREFILL, SGLANG_DECODE)
+def test_real_prefill_steps_compare_and_kinds_in_one_trace_only_are_said():
+    """vLLM's B200 capture: one engine step, an 888-token prefill (its annotation says so)."""
+    events = json.loads(gzip.decompress(B200_PREFILL.read_bytes()))["traceEvents"]
+    kernels = sum(1 for e in events if e.get("cat") == "kernel")
+    itself = compared(B200_PREFILL, None, B200_PREFILL, None)
+    assert itself.kinds == ("prefill",)
+    assert itself.figure("kernels", "prefill") == (kernels, kernels, 0) == (768, 768, 0)
+    assert [(r.role, r.kernels_a, r.delta) for r in itself.role_rows("prefill")] == [(NO_ROLE, 768, 0)]
+    apart = compared(B200_PREFILL, None, SGLANG_DECODE, None)
+    assert apart.kinds == () and apart.roles.height == 0
+    assert apart.notes == ("the two traces have no step kind in common: nothing to compare",
+                           "decode steps only in B: not compared", "prefill steps only in A: not compared")
+    assert click.unstyle(render_compare(apart, width=100)).startswith("nothing to compare")
+
+
 # ---- renderers and the command --------------------------------------------------------------
 
 def test_json_document_is_the_comparison_with_integers_as_integers():

@@ -265,6 +265,8 @@ def test_terminal_block_fits_100_columns_and_reads_the_figures():
     assert "HtoD 3 (8,960 B, 4.1 us)" in block
     assert "device 0: 2 streams" in block
     assert "78 layers" in block
+    # the ops by role (ledger.roles): bmm's 601 us is the role mla_absorb
+    assert "roles     moe_gemm 18,918 us (66.6%)" in block and "mla_absorb 601 us" in block
     top = block.split("one row per kernel name):\n")[1].splitlines()
     assert len(top) == 8 and len({line.split("x  ")[1] for line in top}) == 8
     assert top[0].split()[:2] == ["12,457", "us"]
