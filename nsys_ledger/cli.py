@@ -78,6 +78,7 @@ def main() -> None:
     Examples:
       nsys-ledger check trace.sqlite
       nsys-ledger check trace.sqlite --expect expectations/glm-5.3-tp8-ep8.toml --json out.json
+      nsys-ledger compare sglang.sqlite vllm.sqlite --expect-a sglang.toml --expect-b vllm.toml
       nsys-ledger expectations show expectations/glm-5.3-tp8-ep8.toml
       nsys-ledger synth out.sqlite --mode graph --steps 8 --fault broken_fusion
     """

@@ -275,6 +275,9 @@ def test_markdown_and_html_hold_the_tables_and_load_nothing():
     assert "| ffn\\_quant | 75 | 231 | +156 |" in markdown
     page = render_compare_html(comparison)
     assert "ffn_quant" in page and "+156" in page
+    # figures sort by value (ns or count), not as text: +389.70 µs after +53.13 µs
+    assert '<td data-sort="156.0">+156</td>' in page and 'data-sort="2077.0">2,077<' in page
+    assert page.count("<tr>") > 78  # one row per layer on the page
     # self-contained: nothing fetched (no script or style source, the CSP forbids the network),
     # and no chart, so no plotly.js inlined
     assert "<script src" not in page and "<link" not in page and "Content-Security-Policy" in page

@@ -98,7 +98,8 @@ def side_lines(comparison: Comparison) -> list[str]:
     lines = []
     for side in (comparison.a, comparison.b):
         ledger = f"ledger {side.ledger} ({side.ledger_path})" if side.ledger else "no ledger (every kernel in (no role))"
-        steps = ", ".join(f"{kind}: {found} step{'s' * (found != 1)} ({steady} steady)"
+        ranks = f" over {len(side.ranks)} ranks" if len(side.ranks) > 1 else ""
+        steps = ", ".join(f"{kind}: {found} step{'s' * (found != 1)} ({steady} steady){ranks}"
                           for kind, (found, steady) in side.steps.items())
         lines.append(f"{side.label}  {side.path}; {ledger}; {steps or 'no step found'}")
     return lines
