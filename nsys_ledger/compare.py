@@ -33,7 +33,12 @@ import polars as pl
 
 from nsys_ledger.api import Result
 from nsys_ledger.attribution.step_kinds import DEFAULT_KIND, STEP_KINDS
-from nsys_ledger.ledger.roles import NO_ROLE, op_roles, role_of, role_order  # noqa: F401  (NO_ROLE: for callers)
+from nsys_ledger.checks.time_use import union_ns
+from nsys_ledger.ledger.roles import NO_ROLE, op_roles, role_of, role_order
+
+__all__ = ["NO_ROLE", "STEP_FIGURES", "WARMUP_MIN_STEPS", "Comparison", "RoleRow", "Side", "compare",
+           "compared_steps"]
+
 WARMUP_MIN_STEPS = 3  # a rank with this many steps of a kind drops its first one
 EXPLAINING_ROLES = 5  # roles listed as explaining the difference
 
@@ -214,8 +219,6 @@ def _layer_of_rows(result: Result) -> pl.DataFrame:
 
 def _step_figures(kernels: pl.DataFrame, activities: pl.DataFrame, calls: pl.DataFrame) -> pl.DataFrame:
     """STEP_KEY + every STEP_FIGURES column, one row per step with kernels or calls."""
-    from nsys_ledger.checks.time_use import union_ns
-
     busy = union_ns(kernels, STEP_KEY).rename({"union_ns": "busy_ns"})
     per_kernel = kernels.group_by(STEP_KEY).agg(
         pl.len().cast(pl.Int64).alias("kernels"), pl.col("duration").sum().cast(pl.Int64).alias("kernel_ns"),

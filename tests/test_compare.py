@@ -114,7 +114,8 @@ def test_swapping_a_and_b_negates_every_delta():
         for column in ("delta", "ns_delta"):
             assert mine[column].to_list() == [-x for x in other[column].to_list()]
         assert mine["kernels_a"].to_list() == other["kernels_b"].to_list()
-    assert forward.figures["delta"].to_list() == [None if x is None else -x for x in backward.figures["delta"].to_list()]
+    negated = [None if x is None else -x for x in backward.figures["delta"].to_list()]
+    assert forward.figures["delta"].to_list() == negated
     assert sum(abs(x) for x in forward.roles["delta"].to_list()) == 156  # the test is not of zeros only
 
 

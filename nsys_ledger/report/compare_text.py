@@ -97,7 +97,8 @@ def _explaining_phrase(row: RoleRow) -> str:
 def side_lines(comparison: Comparison) -> list[str]:
     lines = []
     for side in (comparison.a, comparison.b):
-        ledger = f"ledger {side.ledger} ({side.ledger_path})" if side.ledger else "no ledger (every kernel in (no role))"
+        ledger = (f"ledger {side.ledger} ({side.ledger_path})" if side.ledger
+                  else "no ledger (every kernel in (no role))")
         ranks = f" over {len(side.ranks)} ranks" if len(side.ranks) > 1 else ""
         steps = ", ".join(f"{kind}: {found} step{'s' * (found != 1)} ({steady} steady){ranks}"
                           for kind, (found, steady) in side.steps.items())
