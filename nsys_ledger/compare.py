@@ -141,7 +141,7 @@ def compare(a: Result, b: Result) -> Comparison:
     ranks_of = [set(frames.steps["rank"].unique().to_list()) for frames in sides]
     kinds = tuple(k for k in STEP_KINDS if k in kinds_of[0] and k in kinds_of[1])
     ranks = tuple(sorted(ranks_of[0] & ranks_of[1]))
-    notes = _notes(kinds_of, ranks_of)
+    notes = _notes(kinds_of, ranks_of) + _capture_notes(a, b)
     figures = _paired(*(_step_medians(f.steps) for f in sides), ["rank", "kind", "figure"], ["value"])
     roles_a, roles_b = (_medians_by(f.steps, f.kernels, "role") for f in sides)
     roles = _paired(roles_a, roles_b, ["rank", "kind", "role"], ["kernels", "ns"], fill_zero=True)
@@ -301,6 +301,15 @@ def _side(label: str, result: Result, frames: _Frames) -> Side:
         roles_declared=len(op_roles(ledger)),
         steps=steps, ranks=tuple(sorted(frames.steps["rank"].unique().to_list())),
     )
+
+
+def _capture_notes(a: Result, b: Result) -> list[str]:
+    """A trace captured with --cuda-graph-trace=graph has no kernel rows for its replays: its
+    kernel, role and layer figures miss every graph kernel."""
+    return [f"{label} was captured at graph level ({result.trace.graph_replays.height} replays without kernel rows): "
+            "its kernel, role and layer figures miss the kernels inside graphs; re-capture with "
+            "`nsys profile --cuda-graph-trace=node`"
+            for label, result in (("A", a), ("B", b)) if result.trace.graph_replays.height]
 
 
 def _notes(kinds_of: list[set[str]], ranks_of: list[set[int]]) -> list[str]:

@@ -248,6 +248,20 @@ def test_real_prefill_steps_compare_and_kinds_in_one_trace_only_are_said():
     assert click.unstyle(render_compare(apart, width=100)).startswith("nothing to compare")
 
 
+GRAPH_LEVEL = KINETO_TRACES.parent / "morluto__flameox__nsight-2025.5.2.sqlite"
+
+
+@needs_shared(GRAPH_LEVEL)
+def test_a_graph_level_capture_is_said_not_compared_silently():
+    """A real --cuda-graph-trace=graph export: its 2 replays have no kernel rows."""
+    [(replays,)] = sql(GRAPH_LEVEL, "SELECT count(*) FROM CUPTI_ACTIVITY_KIND_GRAPH_TRACE")
+    assert replays == 2
+    notes = compared(GRAPH_LEVEL, None, HEALTHY, GLM).notes
+    assert "A was captured at graph level (2 replays without kernel rows): its kernel, role and layer figures " \
+           "miss the kernels inside graphs; re-capture with `nsys profile --cuda-graph-trace=node`" in notes
+    assert not any(note.startswith("B was captured") for note in notes)
+
+
 # ---- renderers and the command --------------------------------------------------------------
 
 def test_json_document_is_the_comparison_with_integers_as_integers():
