@@ -67,7 +67,7 @@ def figure_value(unit: str, value: float | None, *, signed: bool = False) -> str
 
 
 def percent(delta: float | None, base: float | None) -> str:
-    if delta is None or not base:
+    if delta is None or not base or delta == 0:
         return ""
     return f" ({delta / base * 100:+.1f}%)"
 
