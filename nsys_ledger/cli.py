@@ -78,6 +78,7 @@ def main() -> None:
     Examples:
       nsys-ledger check trace.sqlite
       nsys-ledger check trace.sqlite --expect expectations/glm-5.3-tp8-ep8.toml --json out.json
+      nsys-ledger compare sglang.sqlite vllm.sqlite --expect-a sglang.toml --expect-b vllm.toml
       nsys-ledger expectations show expectations/glm-5.3-tp8-ep8.toml
       nsys-ledger synth out.sqlite --mode graph --steps 8 --fault broken_fusion
     """
@@ -289,6 +290,64 @@ def diff(before, after, expect, step_nvtx, step_method, gap_us, allow_launches, 
     for label, writer, target in outputs:
         _write_output(writer, result, target, label, err=json_to_stdout)
     sys.exit(result.exit_code)
+
+
+@main.command()
+@click.argument("a", type=click.Path(dir_okay=True, path_type=str))
+@click.argument("b", type=click.Path(dir_okay=True, path_type=str))
+@click.option("--expect", "expect", type=click.Path(path_type=str),
+              help="One ledger for both traces (two versions of one framework).")
+@click.option("--expect-a", "expect_a", type=click.Path(path_type=str), help="The ledger of A (its framework's).")
+@click.option("--expect-b", "expect_b", type=click.Path(path_type=str), help="The ledger of B (its framework's).")
+@click.option("--json", "json_path", type=click.Path(path_type=str),
+              help="Write the comparison as JSON to this file (`-`: to stdout, the text then goes to stderr).")
+@click.option("--markdown", "markdown_path", type=click.Path(path_type=str), help="Write it as Markdown.")
+@click.option("--html", "html_path", type=click.Path(path_type=str), help="Write it as an HTML page.")
+def compare(a, b, expect, expect_a, expect_b, json_path, markdown_path, html_path) -> None:
+    """Compare two traces of one model (two frameworks, or two versions) by op role and layer.
+
+    \b
+    Each trace is checked with its own ledger (--expect-a, --expect-b; --expect gives one
+    for both); ops line up by their role (the shared vocabulary of ledger/roles.py), never
+    by kernel name, and kernels without a role are counted in "(no role)". Per step kind
+    and rank: kernels and GPU time per role and per layer, graph replays and nodes per
+    graph, launches outside graphs, cudaGraphLaunch host time per graph and per node, and
+    GPU span vs busy vs summed kernel time; medians over the steady-state steps (the first
+    step of a kind is dropped when a rank has 3 or more). Deltas are B - A.
+    \b
+    Exit codes: 0 compared, 2 bad input.
+    \b
+    Example:
+      nsys-ledger compare sglang.sqlite vllm.sqlite --expect-a expectations/glm-5.3-tp8-ep8.toml \\
+          --expect-b glm-vllm.toml --html compare.html
+    """
+    from nsys_ledger.api import check as run_check
+    from nsys_ledger.compare import compare as compare_results
+    from nsys_ledger.ledger import load_expectations
+    from nsys_ledger.report.compare_html import write_compare_html
+    from nsys_ledger.report.compare_json import dumps_compare, write_compare_json
+    from nsys_ledger.report.compare_markdown import write_compare_markdown
+    from nsys_ledger.report.compare_text import render_compare
+
+    if expect and (expect_a or expect_b):
+        raise click.UsageError("--expect gives one ledger for both traces: use it alone, or --expect-a/--expect-b")
+    ledger_a, ledger_b = (expect_a or expect), (expect_b or expect)
+    json_to_stdout = json_path == STDOUT
+    wanted = [(label, writer, path) for label, writer, path in (
+        ("json", write_compare_json, None if json_to_stdout else json_path), ("markdown", write_compare_markdown,
+        markdown_path), ("html", write_compare_html, html_path)) if path]
+    targets = guard_outputs([(f"--{label}", path) for label, _, path in wanted], [a, b, ledger_a, ledger_b])
+    outputs = [(label, writer, target) for (label, writer, _), target in zip(wanted, targets)]
+    _reject_ledgers_given_as_traces((a, b), advice="pass it with --expect-a/--expect-b FILE")
+    # the small ledgers first: a typo in one is said before a big trace is read
+    expectations_a = load_expectations(ledger_a) if ledger_a else None
+    expectations_b = load_expectations(ledger_b) if ledger_b else None
+    comparison = compare_results(run_check(a, expectations_a), run_check(b, expectations_b))
+    click.echo(render_compare(comparison), err=json_to_stdout)
+    if json_to_stdout:
+        click.echo(dumps_compare(comparison))
+    for label, writer, target in outputs:
+        _write_output(writer, comparison, target, label, err=json_to_stdout)
 
 
 @main.group()

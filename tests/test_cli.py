@@ -49,8 +49,9 @@ def test_json_output_follows_the_documented_schema(tmp_path):
     result = invoke("check", str(SAMPLES / "glm5-graph-broken-fusion.sqlite"), "--expect", GLM, "--json", str(out))
     assert result.exit_code == 1
     doc = json.loads(out.read_text())
-    assert doc["schema_version"] == "2.0"
-    assert set(doc) >= {"schema_version", "trace", "totals", "steps", "findings", "verdict", "checks"}
+    assert doc["schema_version"] == "2.1"
+    assert set(doc) >= {"schema_version", "trace", "totals", "steps", "findings", "verdict", "checks", "op_roles"}
+    assert doc["op_roles"]["per_token_group_quant"] == "ffn_quant"
     assert doc["trace"]["path"].endswith("glm5-graph-broken-fusion.sqlite")
     assert doc["trace"]["nsys_version"].startswith("2026.2")
     assert set(doc["totals"]) >= {"kernels", "kernels_by_device", "h2d_copies", "h2d_pageable", "nvtx_ranges"}
@@ -58,6 +59,9 @@ def test_json_output_follows_the_documented_schema(tmp_path):
     assert len(doc["steps"]) == 4
     step = doc["steps"][0]
     assert step["index"] == 0 and step["kernels"] == 2233
+    # the broken fusion's 156 extra quantization kernels per step, by op and by role (2.1)
+    assert step["ops"]["per_token_group_quant"] == 231 and step["roles"]["ffn_quant"] == 231
+    assert sum(step["roles"].values()) == 2233
     assert step["ops"]["fused_add_rmsnorm"] == 156
     assert step["ops"]["per_token_group_quant"] == 231
     assert [f["source"] for f in doc["findings"]] == [

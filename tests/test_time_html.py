@@ -85,6 +85,8 @@ def test_op_time_chart_against_sql():
     con.close()
     assert bars["moe_gemm"] == total / 4 / 1000
     assert max(bars, key=bars.get) == "moe_gemm"
+    hover = dict(zip(fig["data"][0]["y"], fig["data"][0]["hovertext"]))
+    assert hover["bmm"].startswith("bmm (role mla_absorb): ")  # the op's role from the ledger
 
 
 def test_offending_kernel_of_the_layer41_fault_is_marked():

@@ -265,6 +265,8 @@ def test_terminal_block_fits_100_columns_and_reads_the_figures():
     assert "HtoD 3 (8,960 B, 4.1 us)" in block
     assert "device 0: 2 streams" in block
     assert "78 layers" in block
+    # the ops by role (ledger.roles): bmm's 601 us is the role mla_absorb
+    assert "roles     moe_gemm 18,918 us (66.6%)" in block and "mla_absorb 601 us" in block
     top = block.split("one row per kernel name):\n")[1].splitlines()
     assert len(top) == 8 and len({line.split("x  ")[1] for line in top}) == 8
     assert top[0].split()[:2] == ["12,457", "us"]
@@ -274,12 +276,16 @@ def test_terminal_block_fits_100_columns_and_reads_the_figures():
 def test_json_time_use_section_matches_the_frames():
     result = checked("glm5-graph-healthy.sqlite")
     doc = json.loads(json.dumps(result_document(result)))
-    assert doc["schema_version"] == "2.0"
+    assert doc["schema_version"] == "2.1"
     section = doc["time_use"]
     assert section["steps_total"] == 4
     first = section["steps"][0]
     assert (first["rank"], first["step"], first["kernels"], first["kernel_ns"]) == (0, 0, 2077, 28859943)
     assert first["ops"]["moe_gemm"] == {"kernels": 150, "ns": 19004845, "share": round(19004845 / 28480717, 4)}
+    # by role (ledger.roles): the two MLA absorption ops (bmm) are one role, every kernel has a role
+    assert first["roles"]["moe_gemm"]["kernels"] == 150 and first["roles"]["mla_absorb"]["kernels"] == 156
+    assert sum(r["kernels"] for r in first["roles"].values()) == 2077 and "(no role)" not in first["roles"]
+    assert section["top_kernels"][0]["role"] == "moe_gemm"
     assert first["copies"]["HtoD"] == {"count": 3, "bytes": 8960, "ns": 3885}
     assert first["launch_delay"]["graph"]["count"] == 1
     assert set(first["layers"]) == {str(n) for n in range(78)}

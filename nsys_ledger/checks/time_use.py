@@ -39,6 +39,7 @@ import polars as pl
 from nsys_ledger.attribution.steps import Steps
 from nsys_ledger.checks.gaps import COLLECTIVE_REGEX
 from nsys_ledger.checks.stats import SUBMISSION_KINDS
+from nsys_ledger.ledger.roles import role_of, role_order
 
 STEP_KEY = ["rank", "step"]
 NO_OP = "other"  # kernels no op of the ledger claims (as in the op table)
@@ -148,6 +149,15 @@ def time_by(activities: pl.DataFrame, columns: str | list[str], busy: pl.DataFra
         *STEP_KEY, *columns, "kernels", "kernel_ns",
         pl.when(pl.col("busy_ns") > 0).then(pl.col("kernel_ns") / pl.col("busy_ns")).otherwise(0.0).alias("share"),
     ).sort(*STEP_KEY, *columns)
+
+
+def time_by_role(ops: pl.DataFrame, roles: dict[str, str]) -> pl.DataFrame:
+    """`rank, step, role, kernels, kernel_ns, share`: TimeUse.ops summed by the role of each op
+    (`roles`: op -> role, ledger.roles.op_roles); ops without a role, and `other`, in NO_ROLE.
+    Shares add up: each is a kernel time over the same busy time."""
+    return ops.with_columns(role_of("op", roles).alias("role")).group_by(*STEP_KEY, "role").agg(
+        pl.col("kernels").sum(), pl.col("kernel_ns").sum(), pl.col("share").sum()
+    ).sort(*STEP_KEY, pl.col("role").map_elements(role_order, return_dtype=pl.Int64))
 
 
 def launch_calls(api_calls: pl.DataFrame) -> pl.DataFrame:

@@ -16,6 +16,12 @@ second role then has no kernels there; `compare` shows both rows.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import polars as pl
+
+if TYPE_CHECKING:
+    from nsys_ledger.ledger.model import Expectations
 
 
 @dataclass(frozen=True)
@@ -89,3 +95,20 @@ _ORDER = {name: i for i, name in enumerate(ROLES)}
 def role_order(name: str | None) -> int:
     """Sort key: the article's order; ops without a role last."""
     return _ORDER.get(name, len(ROLES))
+
+
+NO_ROLE = "(no role)"  # kernels of an op without a role, of no op, or of a trace checked without a ledger
+
+
+def op_roles(expectations: Expectations | None) -> dict[str, str]:
+    """`{op: role}` for the ops of a ledger (`ledger.model.Expectations`, or None) that carry one."""
+    if expectations is None:
+        return {}
+    return {name: op.role for name, op in expectations.ops.items() if op.role}
+
+
+def role_of(op_column: str, roles: dict[str, str]) -> pl.Expr:
+    """The role of the op in `op_column`, NO_ROLE when it has none."""
+    if not roles:
+        return pl.lit(NO_ROLE)
+    return pl.col(op_column).replace_strict(roles, default=None, return_dtype=pl.Utf8).fill_null(NO_ROLE)

@@ -18,10 +18,11 @@ from nsys_ledger.api import Result
 from nsys_ledger.attribution.steps import launches_per_thread
 from nsys_ledger.checks.layers import compact_layer_counts
 from nsys_ledger.checks.ledger import compact_ranges
+from nsys_ledger.ledger.roles import NO_ROLE, op_roles
 from nsys_ledger.report.time_json import time_use_document
 from nsys_ledger.report.timeline_json import step_timeline_fields, timeline_document
 
-SCHEMA_VERSION = "2.0"
+SCHEMA_VERSION = "2.1"
 
 STEP_FIELDS = [
     "pid", "device", "host_start", "host_end", "gpu_start", "gpu_end", "duration_ns", "kernels", "kernel_ns",
@@ -48,6 +49,7 @@ def result_document(result: Result) -> dict:
         "expectations": (
             {"path": result.expectations.path, "name": result.expectations.name} if result.expectations else None
         ),
+        "op_roles": op_roles(result.expectations),
         "totals": asdict(result.totals) | {
             "kernels_by_device": {str(k): v for k, v in result.totals.kernels_by_device.items()}
         },
@@ -113,6 +115,7 @@ def _layers(result: Result) -> dict | None:
 
 def _steps(result: Result) -> list[dict]:
     op_columns = [c for c in result.op_table.columns if c not in ("rank", "step")]
+    roles = op_roles(result.expectations)
     joined = result.step_table.join(result.op_table, on=["rank", "step"], how="left")
     documents = []
     for row in joined.iter_rows(named=True):
@@ -120,8 +123,18 @@ def _steps(result: Result) -> list[dict]:
         step.update({field: row[field] for field in STEP_FIELDS})
         step.update(step_timeline_fields(row))
         step["ops"] = {op: row[op] for op in op_columns if row[op]}
+        step["roles"] = _kernels_by_role(step["ops"], roles)
         documents.append(step)
     return documents
+
+
+def _kernels_by_role(ops: dict[str, int], roles: dict[str, str]) -> dict[str, int]:
+    """A step's kernels per op summed by role (NO_ROLE for ops without one and for `other`)."""
+    out: dict[str, int] = {}
+    for op, kernels in ops.items():
+        role = roles.get(op, NO_ROLE)
+        out[role] = out.get(role, 0) + kernels
+    return out
 
 
 def _files(result: Result) -> list[dict]:

@@ -11,6 +11,7 @@ from nsys_ledger.api import Result
 from nsys_ledger.checks.layers import _bare_name
 from nsys_ledger.checks.ledger import Finding, short_kernel_name
 from nsys_ledger.checks.time_use import top_kernels
+from nsys_ledger.ledger.roles import NO_ROLE, op_roles
 from nsys_ledger.report.html_kit import Cell, esc, figure, note, table
 
 MAX_STEP_ROWS = 300
@@ -29,7 +30,7 @@ def time_section(result: Result) -> str:
         note("Busy time is the union of the step's GPU activity (all streams); a share is an item's kernel time "
              "over it. Launch delay: kernel start minus launch call start."),
         _step_table(result),
-        figure("time-per-op", op_time_figure(use.ops, use.steps.height)),
+        figure("time-per-op", op_time_figure(use.ops, use.steps.height, op_roles(result.expectations))),
         _layer_heatmap(result),
         _top_kernel_table(result),
     ])
@@ -66,16 +67,18 @@ def _step_table(result: Result) -> str:
             + table(headers, rows, caption=f"{use.steps.height} decode step(s){shown}"))
 
 
-def op_time_figure(ops: pl.DataFrame, steps: int) -> go.Figure:
-    """Mean GPU time per decode step of each op, longest at the top, share of busy time in hover."""
+def op_time_figure(ops: pl.DataFrame, steps: int, roles: dict[str, str] | None = None) -> go.Figure:
+    """Mean GPU time per decode step of each op, longest at the top, share of busy time and the
+    op's role (`roles`: op -> role, ledger.roles.op_roles) in hover."""
+    roles = roles or {}
     per = ops.group_by("op").agg(
         (pl.col("kernel_ns").sum() / steps / 1000).alias("us"), (pl.col("kernels").sum() / steps).alias("kernels"),
         (pl.col("share").sum() / steps).alias("share"),
     ).sort("us", "op")
     fig = go.Figure(go.Bar(
         orientation="h", y=[esc(op) for op in per["op"]], x=per["us"].to_list(), marker=dict(color="#1f77b4"),
-        hovertext=[f"{esc(op)}: {us:,.1f} µs per step, {share:.1%} of busy time, {kernels:g} launches per step"
-                   for op, us, kernels, share in per.iter_rows()],
+        hovertext=[f"{esc(op)} (role {esc(roles.get(op, NO_ROLE))}): {us:,.1f} µs per step, {share:.1%} of busy "
+                   f"time, {kernels:g} launches per step" for op, us, kernels, share in per.iter_rows()],
         hoverinfo="text",
     ))
     fig.update_layout(height=120 + 22 * per.height, margin=dict(l=180, r=20, t=40, b=50),
@@ -129,12 +132,14 @@ def _layer_heatmap(result: Result) -> str:
 
 def _top_kernel_table(result: Result) -> str:
     top = top_kernels(result.time_use, TOP_KERNELS, 100)
+    roles = op_roles(result.expectations)
     rows = [
-        [Cell(label, css="name"), op, kernels, _us_cell(kernel_ns), _us_cell(per_step_ns), Cell(f"{share:.1%}", share)]
+        [Cell(label, css="name"), op, roles.get(op, NO_ROLE), kernels, _us_cell(kernel_ns), _us_cell(per_step_ns),
+         Cell(f"{share:.1%}", share)]
         for _, label, op, kernels, kernel_ns, per_step_ns, share in top.iter_rows()
     ]
     return "<h3>Kernels by GPU time</h3>" + table(
-        ["kernel (one row per full name)", "op", "launches", "total µs", "µs per step", "share of busy"], rows,
+        ["kernel (one row per full name)", "op", "role", "launches", "total µs", "µs per step", "share of busy"], rows,
         caption=f"the {top.height} kernel names with the most GPU time in the decode steps")
 
 

@@ -8,7 +8,8 @@ from collections import defaultdict
 import polars as pl
 
 from nsys_ledger.api import Result
-from nsys_ledger.checks.time_use import DELAY_QUANTILES, STEP_TIME_COLUMNS, top_kernels
+from nsys_ledger.checks.time_use import DELAY_QUANTILES, STEP_TIME_COLUMNS, time_by_role, top_kernels
+from nsys_ledger.ledger.roles import NO_ROLE, op_roles
 
 STEP_LIST_LIMIT = 1000  # steps listed in full; `steps_total` counts all
 TOP_KERNELS = 20
@@ -23,6 +24,8 @@ def time_use_document(result: Result) -> dict | None:
     by_op = _per_step(use.ops, "op")
     by_group = _per_step(use.groups, "group")
     by_layer = _per_step(use.layers, "layer")
+    roles = op_roles(result.expectations)
+    by_role = _per_step(time_by_role(use.ops, roles), "role")
     delays = _delays(use.launch_delay)
     copies = _copies(use.copies)
     entries = []
@@ -31,7 +34,8 @@ def time_use_document(result: Result) -> dict | None:
         entries.append({
             "rank": row["rank"], "step": row["step"], "device": row["device"], "busy_ns": row["busy_ns"],
             **{column: row[column] for column in STEP_TIME_COLUMNS},
-            "ops": by_op.get(key, {}), "groups": by_group.get(key, {}), "layers": by_layer.get(key, {}),
+            "ops": by_op.get(key, {}), "roles": by_role.get(key, {}), "groups": by_group.get(key, {}),
+            "layers": by_layer.get(key, {}),
             "launch_delay": delays.get(key, {}), "copies": copies.get(key, {}),
         })
     return {
@@ -39,7 +43,7 @@ def time_use_document(result: Result) -> dict | None:
         "steps_total": use.steps.height,
         "steps": entries,
         "top_kernels": [
-            {**row, "share": round(row["share"], SHARE_DECIMALS)}
+            {**row, "role": roles.get(row["op"], NO_ROLE), "share": round(row["share"], SHARE_DECIMALS)}
             for row in top_kernels(use, TOP_KERNELS).to_dicts()
         ],
         "streams": use.streams.to_dicts(),

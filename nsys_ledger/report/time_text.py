@@ -11,7 +11,8 @@ from __future__ import annotations
 import polars as pl
 
 from nsys_ledger.api import Result
-from nsys_ledger.checks.time_use import COPY_KINDS, TimeUse, top_kernels
+from nsys_ledger.checks.time_use import COPY_KINDS, TimeUse, time_by_role, top_kernels
+from nsys_ledger.ledger.roles import op_roles
 from nsys_ledger.report.text import printable
 
 WIDTH = 98
@@ -34,6 +35,9 @@ def time_lines(result: Result) -> list[str]:
     lines += _copies(use)
     lines += _by(use.groups, "group", "groups", steps.height)
     lines += _by(use.ops, "op", "ops", steps.height)
+    roles = op_roles(result.expectations)
+    if roles:  # the ops by what they do in the model (ledger.roles), as `compare` lines them up
+        lines += _by(time_by_role(use.ops, roles), "role", "roles", steps.height)
     lines += _layers(use)
     lines += _top_kernels(use)
     return lines
