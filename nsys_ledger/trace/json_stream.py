@@ -35,7 +35,7 @@ import msgspec
 
 __all__ = ["BATCH_BYTES", "Unusual", "BadJson", "EventStream", "trailing_at"]
 
-BATCH_BYTES = 8 * 1024 * 1024  # ~30k Kineto events: small next to a trace, large next to per-batch costs
+BATCH_BYTES = 16 * 1024 * 1024  # ~60k Kineto events: small next to a trace, large next to per-batch costs
 _COMPACT_AT = 16 * 1024 * 1024  # drop the consumed head of the buffer once it is this large
 _WHITESPACE = frozenset(b" \t\r\n")
 _OPEN_OBJECT, _CLOSE_OBJECT, _OPEN_ARRAY, _QUOTE, _COMMA, _COLON = (ord(c) for c in '{}["' + ",:")

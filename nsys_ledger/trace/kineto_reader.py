@@ -47,8 +47,8 @@ import re
 import zlib
 from collections import defaultdict
 from collections.abc import Iterator
-from itertools import chain, repeat
-from operator import attrgetter, is_
+from itertools import chain, compress, repeat
+from operator import attrgetter, eq, is_
 from pathlib import Path
 from typing import Any, NamedTuple, Union
 
@@ -156,7 +156,7 @@ class _Event(msgspec.Struct, gc=False):
 
 _NO_ARGS = _Args()
 # Field getters: `map` with attrgetter builds a column about twice as fast as a comprehension.
-_CAT, _ID = attrgetter("cat"), attrgetter("id")
+_CAT, _ID, _PH = attrgetter("cat"), attrgetter("id"), attrgetter("ph")
 _ARGS, _PID, _TID, _NAME, _TS, _DUR = (attrgetter(f) for f in ("args", "pid", "tid", "name", "ts", "dur"))
 _DEVICE, _STREAM, _CORRELATION, _KIND, _BYTES, _SYNC_KIND = (
     attrgetter(f) for f in ("device", "stream", "correlation", "kind", "bytes", "cuda_sync_kind")
@@ -569,28 +569,39 @@ class _EventColumns:
 
     def add_events(self, events: list[_Event], raw: list[_RawTimes] | None, shown: str) -> None:
         self.events += len(events)
-        by_cat: dict[Any, list[int]] = defaultdict(list)
-        for index, cat in enumerate(map(_CAT, events)):
-            by_cat[cat].append(index)
-        for cat, rows in by_cat.items():
+        by_cat: dict[Any, list] = defaultdict(list)
+        if raw is None:
+            for event in events:
+                by_cat[event.cat].append(event)
+        else:  # exact times: the rows' places in the batch pair them with their text
+            for index, cat in enumerate(map(_CAT, events)):
+                by_cat[cat].append(index)
+        for cat, picked in by_cat.items():
             frame = _FRAME_OF.get(cat)
             if frame is None:
                 continue
             self.seen_cats.add(cat)
+            rows = None
+            if raw is not None:
+                rows, picked = picked, list(map(events.__getitem__, picked))
             if cat == "ac2g":
-                rows = [i for i in rows if events[i].ph == "f"]
+                keep = list(map(eq, map(_PH, picked), repeat("f")))
             elif cat == "python_function":
-                rows = [i for i in rows if isinstance(events[i].name, str) and events[i].name.startswith(MODULE_RANGE_PREFIX)]
-            if rows:
-                self._add_rows(cat, frame, events, rows, raw)
+                keep = list(map(_is_module_range, map(_NAME, picked)))
+            else:
+                keep = None
+            if keep is not None:
+                picked = list(compress(picked, keep))
+                rows = None if rows is None else list(compress(rows, keep))
+            if picked:
+                self._add_rows(cat, frame, picked, rows, raw)
 
-    def _add_rows(self, cat: str, frame: str, events: list[_Event], rows: list[int], raw) -> None:
-        picked = list(map(events.__getitem__, rows))
+    def _add_rows(self, cat: str, frame: str, picked: list[_Event], rows: list[int] | None, raw) -> None:
         parts = self.parts[cat]
-        self.rows[cat] += len(rows)
-        start, duration = self._times(frame, picked, rows, raw)
-        parts["start"].append(start)
-        parts["duration"].append(duration)
+        self.rows[cat] += len(picked)
+        ts, duration = self._times(frame, picked, rows, raw)
+        parts["ts"].append(ts)
+        parts["dur"].append(duration)
         parts["pid"].append(_lazy_int(list(map(_PID, picked)), "pid"))
         parts["tid"].append(_lazy_int(list(map(_TID, picked)), "tid"))
         if frame == "flow":
@@ -621,8 +632,10 @@ class _EventColumns:
         if "cuda_sync_kind" in extra:
             parts["_sync"].append(_as_text(list(map(_SYNC_KIND, args)), "_sync"))
 
-    def _times(self, frame: str, picked: list[_Event], rows: list[int], raw) -> tuple[pl.Series, pl.Series]:
-        """Start and duration in integer ns of one category's events of one batch."""
+    def _times(self, frame: str, picked: list[_Event], rows: list[int] | None, raw) -> tuple[pl.Series, pl.Series]:
+        """Start and duration of one category's events of one batch as decoded (numbers or
+        text); converted to ns when the builder asks for them (`times`), a run of batches of
+        one type at once."""
         ts = pl.Series("ts", list(map(_TS, picked)), strict=False)
         if ts.dtype.is_float():
             self._float_times.add(frame)
@@ -630,11 +643,9 @@ class _EventColumns:
             self._large_times.add(frame)
         if frame in self.exact:
             exact = [raw[i] for i in rows]
-            ts_text = pl.Series("ts", [_raw_number(r.ts) for r in exact], dtype=STR)
-            dur_text = pl.Series("dur", [_raw_number(r.dur) for r in exact], dtype=STR)
-            return decimal_text_to_ns(ts_text, _UNIT_NS), decimal_text_to_ns(dur_text, _UNIT_NS)
-        duration = pl.Series("dur", list(map(_DUR, picked)), strict=False)
-        return _to_ns(ts), _to_ns(duration)
+            return (pl.Series("ts", [_raw_number(r.ts) for r in exact], dtype=STR),
+                    pl.Series("dur", [_raw_number(r.dur) for r in exact], dtype=STR))
+        return ts, pl.Series("dur", list(map(_DUR, picked)), strict=False)
 
     def frames_needing_exact_times(self) -> frozenset[str]:
         """Frames with a non-integer time at or above 2**43 µs, where a double's spacing
@@ -659,8 +670,32 @@ class _EventColumns:
             return pl.Series(alias, [], dtype=dtype)
         return pl.concat([piece.cast(dtype) for piece in pieces]).alias(alias)
 
+    def times(self, frame: str, name: str) -> pl.Series:
+        """Integer ns of the frame's `ts` or `dur`: each run of batch parts of one type joined
+        and converted at once (the conversion depends on the type, not on the batch)."""
+        pieces = [piece for cat in _FRAME_CATS[frame] for piece in self.parts[cat].get(name, [])]
+        converted, run = [], []
+        for piece in pieces:
+            if run and (piece.dtype != run[0].dtype or piece.dtype == pl.Object):
+                converted.append(_to_ns(pl.concat(run)).cast(I64))
+                run = []
+            run.append(piece)
+        if run:
+            converted.append(_to_ns(pl.concat(run)).cast(I64))
+        return pl.concat(converted) if converted else pl.Series(name, [], dtype=I64)
+
+    def release(self, frame: str) -> None:
+        """Drop the frame's columns once its frame is built (they and the frame would
+        otherwise both be held until the whole Trace is)."""
+        for cat in _FRAME_CATS[frame]:
+            self.parts[cat].clear()
+
     def has_any_trace_category(self) -> bool:
         return any(cat in self.seen_cats for cat in _TRACE_CATS)
+
+
+def _is_module_range(name: Any) -> bool:
+    return isinstance(name, str) and name.startswith(MODULE_RANGE_PREFIX)
 
 
 def _lazy_int(values: list, name: str) -> pl.Series | _OutOfRange:
@@ -703,13 +738,13 @@ class _Builder:
 
         api_calls = self.api_calls()
         self.launch_kernels = self.named_launch_kernels()
+        self.events.release("api")
         launchers = api_calls.select("pid", "correlation").drop_nulls().unique(subset=["correlation"], keep="first")
         self.flow_ends = self._flow_ends()
+        self.events.release("flow")
         main_pid = self._main_pid(api_calls)
-        kernels = self.gpu_rows("kernel", launchers, main_pid)
-        memcpys = self.gpu_rows("memcpy", launchers, main_pid)
-        memsets = self.gpu_rows("memset", launchers, main_pid)
-        syncs = self.gpu_rows("sync", launchers, main_pid)
+        kernels, memcpys, memsets, syncs = (self.gpu_rows(frame, launchers, main_pid)
+                                            for frame in ("kernel", "memcpy", "memset", "sync"))
         if kernels.height == 0:
             self.warnings.append("the trace has no kernel events (was the profiler run with CUDA activities?)")
 
@@ -742,11 +777,11 @@ class _Builder:
 
     # -- times -------------------------------------------------------------------------
 
-    def _span(self, frame: str, cats: tuple[str, ...] | None = None) -> tuple[pl.Series, pl.Series]:
+    def _span(self, frame: str) -> tuple[pl.Series, pl.Series]:
         """Start and end in integer ns of the frame's events (converted batch by batch; each
         frame checked on its own for values a double cannot hold to the nanosecond)."""
-        start = self.events.column(frame, "start", cats=cats)
-        duration = self.events.column(frame, "duration", cats=cats)
+        start = self.events.times(frame, "ts")
+        duration = self.events.times(frame, "dur")
         negative = int((duration < 0).sum())
         if negative:
             raise TraceError(self.shown, f"{negative} of {start.len()} events have a negative duration (dur): "
@@ -835,6 +870,7 @@ class _Builder:
         missing = df["start"].null_count()
         if missing:
             raise TraceError(self.shown, f"{missing} of {df.height} GPU events have no timestamp (ts)")
+        self.events.release(frame)
         return df.with_columns((pl.col("pid") * _PID_SHIFT).alias("global_pid"))
 
     def _flow_ends(self) -> pl.DataFrame | None:
