@@ -35,7 +35,7 @@ import msgspec
 
 __all__ = ["BATCH_BYTES", "Unusual", "BadJson", "EventStream", "trailing_at"]
 
-BATCH_BYTES = 16 * 1024 * 1024  # ~60k Kineto events: small next to a trace, large next to per-batch costs
+BATCH_BYTES = 8 * 1024 * 1024  # ~30-40k Kineto events, ~40 MB as decoded structs: small next to a trace, large next to per-batch costs
 _COMPACT_AT = 16 * 1024 * 1024  # drop the consumed head of the buffer once it is this large
 _WHITESPACE = frozenset(b" \t\r\n")
 _OPEN_OBJECT, _CLOSE_OBJECT, _OPEN_ARRAY, _QUOTE, _COMMA, _COLON = (ord(c) for c in '{}["' + ",:")
@@ -113,30 +113,32 @@ class EventStream(Generic[T]):
     def _value(self) -> Any:
         """The JSON value that starts at the position, decoded; the position moves past it."""
         while True:
-            view = memoryview(self._buf)
-            try:
-                rest = view[self._pos:]
-                try:
-                    value = msgspec.json.decode(rest)
-                    if self._eof:
-                        self._pos = len(self._buf)
-                        return value
-                    ends = None  # a number at the end of the buffer may go on in the next piece
-                except msgspec.DecodeError as exc:
-                    ends = trailing_at(exc)
-                    if ends is None and not str(exc).startswith("Input data was truncated"):
-                        raise Unusual from None
-                except RecursionError:
-                    raise Unusual from None
-                if ends is not None:
-                    value = msgspec.json.decode(bytes(rest[:ends]))
-                    self._pos += ends
-                    return value
-            finally:
-                rest.release()
-                view.release()
+            # the views are released before the buffer grows (a bytearray with a view cannot)
+            with memoryview(self._buf) as view, view[self._pos:] as rest:
+                value, ends = self._first_value(rest)
+            if ends is not None:
+                self._pos += ends
+                return value
             if not self._more():
                 raise Unusual
+
+    def _first_value(self, rest: memoryview) -> tuple[Any, int | None]:
+        """The value at the start of `rest` and where it ends; (None, None) when the text may
+        go on in the next piece."""
+        try:
+            value = msgspec.json.decode(rest)
+            if self._eof:
+                return value, len(rest)
+            return None, None  # a number at the end of the buffer may go on in the next piece
+        except msgspec.DecodeError as exc:
+            ends = trailing_at(exc)
+            if ends is None:
+                if str(exc).startswith("Input data was truncated"):
+                    return None, None
+                raise Unusual from None
+        except RecursionError:
+            raise Unusual from None
+        return msgspec.json.decode(bytes(rest[:ends])), ends
 
     # -- the document ----------------------------------------------------------------------
 
@@ -213,7 +215,8 @@ class EventStream(Generic[T]):
                 window *= 2
                 continue
             close, following = cut
-            text = b"[" + self._buf[self._pos:close + 1] + b"]"
+            with memoryview(self._buf) as view:  # one copy of the batch, released before the buffer grows
+                text = b"".join((b"[", view[self._pos:close + 1], b"]"))
             try:
                 batch = self._decode(text, bare)
             except msgspec.DecodeError as exc:

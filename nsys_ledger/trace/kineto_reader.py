@@ -35,9 +35,15 @@ are converted apart, and where a double cannot hold the decimal text to the nano
 (non-integer values at or above 2**43 µs, e.g. epoch microseconds with decimals), the numbers
 are read again as text.
 
-Parsing uses msgspec with typed structs (about 2.5x the standard library's speed on real
-traces, docs/performance.md): only the fields used are materialized, the rest of each event
-is skipped by the decoder. Anything wrong with the input is a `TraceError` naming the file.
+Reading streams: the text is inflated piece by piece and the `traceEvents` array decoded in
+batches of whole events (`trace.json_stream`), each batch turned into polars columns of the
+categories that become frames and then dropped, so memory holds one batch of events and the
+columns, never the text or a million Python objects (docs/performance.md). A document laid out
+unusually (not an object, a key twice, `traceEvents` not an array, malformed text outside the
+array) is read whole instead, as before, so every problem keeps its one-line wording.
+Decoding uses msgspec with typed structs (about 2.5x the standard library's speed on real
+traces): only the fields used are materialized, the rest of each event is skipped by the
+decoder. Anything wrong with the input is a `TraceError` naming the file.
 """
 
 from __future__ import annotations
