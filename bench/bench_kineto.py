@@ -267,7 +267,7 @@ def _case(name: str, path: str) -> dict:
 
 
 def _capped_case(name: str, path: str) -> dict:
-    """`load_trace` (or the whole-document reader) with the address space capped at what the
+    """`load_trace` (or the whole-document reader) with the data segment capped at what the
     process holds after a warm-up plus 3/4 of the JSON's size (BENCH_CAP_FRACTION: another share).
     RLIMIT_DATA, not RLIMIT_AS: polars' allocator reserves address space it never touches."""
     from nsys_ledger.trace import load_trace
