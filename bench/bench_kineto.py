@@ -436,8 +436,8 @@ def main() -> None:
             figures = _run_case(case, path, 1)
             if figures:
                 rows.append({"trace": path.name, "mode": "with_stack", "case": case, **figures})
-                print(f"  {case}: {figures['outcome']} from {figures['json_mib']:.0f} MiB of JSON with the address "
-                      f"space capped at +{figures['cap_above_warm_mib']:.0f} MiB, {figures['seconds']:.1f} s, "
+                print(f"  {case}: {figures['outcome']} from {figures['json_mib']:.0f} MiB of JSON with the data "
+                      f"segment capped at +{figures['cap_above_warm_mib']:.0f} MiB, {figures['seconds']:.1f} s, "
                       f"peak {figures['peak_mib']:.0f} MiB")
     (OUT / "kineto_results.json").write_text(json.dumps({
         "python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(), "rows": rows,
