@@ -36,7 +36,7 @@ import msgspec
 __all__ = ["BATCH_BYTES", "Unusual", "BadJson", "EventStream", "trailing_at"]
 
 BATCH_BYTES = 8 * 1024 * 1024  # ~30-40k Kineto events, ~40 MB as decoded structs: small next to a trace, large next to per-batch costs
-_COMPACT_AT = 16 * 1024 * 1024  # drop the consumed head of the buffer once it is this large
+_COMPACT_AT = 1024 * 1024  # drop the consumed head of the buffer once it is this large
 _WHITESPACE = frozenset(b" \t\r\n")
 _OPEN_OBJECT, _CLOSE_OBJECT, _OPEN_ARRAY, _QUOTE, _COMMA, _COLON = (ord(c) for c in '{}["' + ",:")
 _CUT = re.compile(rb"\}[ \t\r\n]*,[ \t\r\n]*\{")

@@ -249,6 +249,7 @@ def _collect(p: Path, shown: str, exact: frozenset[str]) -> "_EventColumns":
     try:
         for batch in stream.batches():
             columns.add(batch, shown)
+            del batch  # its events go before the next batch is decoded, not after
     except Unusual:
         return _collect_whole(p, shown, exact)
     except BadJson as exc:
