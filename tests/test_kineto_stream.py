@@ -212,6 +212,7 @@ print(json.dumps({"kernels": trace.kernels.height, "grew": status("VmHWM:") - be
 """
 
 
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="measures the peak RSS through Linux's /proc")
 def test_a_trace_is_read_in_memory_far_below_its_size(tmp_path: Path) -> None:
     """64 MiB of JSON (440,000 python_function events that become no frame, and 1,000 kernels)
     read with the peak RSS growing by less than half the text: the text is never held whole
