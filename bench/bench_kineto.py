@@ -11,19 +11,30 @@ format the PyTorch profiler writes, gzip-compressed like SGLang's `*.trace.json.
   its `ac2g` flow pair (five events per kernel).
 
 Timestamps are µs with three decimals on a large absolute clock (4.9e12 µs), as in real files.
+`--modes synth` takes the trace of `nsys-ledger synth --format kineto` instead (GLM-5.3 decode,
+2,077 kernels per step: 500 steps are the issue's 1M-kernel trace, 619 MB of JSON).
 Then, each case in a fresh process (so its peak RSS is its own), it measures:
 
 * bare parse: gunzip + `json.loads` (standard library), `orjson.loads` and `msgspec.json.decode`
   (untyped) of the same file, with the cyclic GC paused: the floor any reader pays;
-* read: `load_trace` (the Kineto reader: typed msgspec decoding, columns, no Trace checks);
+* baseline: gunzip + a typed msgspec decode of every event's ph/cat/name/ts/dur (the issue's
+  floor for the target: `check` + JSON within 2x of it);
+* read: `load_trace` (the Kineto reader: streamed, typed msgspec decoding, columns);
 * check: `nsys_ledger.check` without a ledger (steps from the annotations, ops, layers, gaps,
-  H2D, graph replays), as `nsys-ledger check trace.json.gz` runs it.
+  H2D, graph replays);
+* check + JSON: `nsys-ledger check trace.json.gz --json out.json`, the whole CLI process;
+* capped: `load_trace` with its data segment limited (RLIMIT_DATA) to what it held after a
+  warm-up plus 3/4 of the JSON's size, on a `with_stack`-like trace (ten python_function events
+  per kernel, which become no frame): the streaming reader reads it, a reader that holds the
+  text cannot (`--capped` also runs the whole-document reader of tests/kineto_oracle.py
+  under the same cap).
 
-Prints seconds, peak RSS and the ratio to the standard library's bare parse and to msgspec's,
-and writes bench/out/kineto_results.json.
+Prints median seconds (of `--repeat` fresh processes), peak RSS and ratios, and writes
+bench/out/kineto_results.json.
 
     python bench/bench_kineto.py                       # 1M kernels, graph mode
     python bench/bench_kineto.py --kernels 100k --modes graph,eager
+    python bench/bench_kineto.py --modes synth --repeat 3 --capped 100k
 """
 
 from __future__ import annotations
@@ -35,10 +46,15 @@ import json
 import os
 import platform
 import resource
+import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import Any
+
+import msgspec
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "out"
@@ -159,15 +175,61 @@ def write_trace(path: Path, steps: int, mode: str) -> int:
     return kernels
 
 
+def write_stack_trace(path: Path, kernels: int) -> int:
+    """An eager profile recorded `with_stack`: per kernel its cpu op, launch, kernel and flow
+    pair, and ten python_function frames (which become no frame of the Trace)."""
+    host, gpu, c = BASE_US * 1000, BASE_US * 1000 + 40_000, 1000
+    with gzip.open(path, "wt", compresslevel=1, encoding="utf-8") as out:
+        out.write('{"schemaVersion":1,"traceEvents":[\n')
+        w = _Writer(out)
+        w.event(_x("user_annotation", STEP_NAME, 251, 251, host, kernels * 10_000, '"External id":1'))
+        for k in range(kernels):
+            c += 1
+            for depth in range(10):
+                w.event(_x("python_function", f"sglang/srt/layers/linear.py({100 + depth}): forward", 251, 251,
+                           host + depth * 10, 9_000 - depth * 20, f'"Python id":{c * 10 + depth},'
+                           f'"Python parent id":{c * 10 + depth - 1},"Python thread":0'))
+            w.event(_x("cpu_op", "aten::mm", 251, 251, host, 9_000, f'"External id":{c}'))
+            w.event(_x("cuda_runtime", "cudaLaunchKernel", 251, 251, host + 2_000, 5_000,
+                       f'"correlation":{c},"External id":{c}'))
+            w.event(_x("kernel", LAYER_KERNELS[k % len(LAYER_KERNELS)], 0, 3, gpu, 4_500,
+                       f'"device":0,"stream":3,"correlation":{c},"External id":{c}'))
+            host += 10_000
+            gpu += 10_000
+        out.write("\n]}\n")
+    return kernels
+
+
+def synth_trace(path: Path, steps: int) -> None:
+    subprocess.run([sys.executable, "-m", "nsys_ledger.cli", "synth", "--format", "kineto", "--steps", str(steps),
+                    str(path)], check=True, capture_output=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
 # ---- the cases ----------------------------------------------------------------------------
+
+
+class _BaselineEvent(msgspec.Struct, gc=False):
+    """The issue's floor: only ph/cat/name/ts/dur of each event (any JSON type)."""
+    ph: Any = None
+    cat: Any = None
+    name: Any = None
+    ts: Any = None
+    dur: Any = None
+
+
+class _BaselineDocument(msgspec.Struct, gc=False):
+    traceEvents: list[_BaselineEvent]
+
 
 
 def _case(name: str, path: str) -> dict:
     """Run one case in this process; returns seconds and peak RSS. The bare parses run with the
     cyclic GC paused, which is their best case (millions of fresh dicts would otherwise trigger
     collections); the reader needs no pause, its structs are not GC-tracked."""
-    if name in ("json", "orjson", "msgspec"):
+    if name in ("json", "orjson", "msgspec", "baseline"):
         gc.disable()
+    if name.startswith("capped"):
+        return _capped_case(name, path)
     start, cpu_start = time.perf_counter(), _cpu_seconds()
     if name == "json":
         json.loads(gzip.decompress(Path(path).read_bytes()))
@@ -176,13 +238,22 @@ def _case(name: str, path: str) -> dict:
 
         orjson.loads(gzip.decompress(Path(path).read_bytes()))
     elif name == "msgspec":
-        import msgspec
-
         msgspec.json.decode(gzip.decompress(Path(path).read_bytes()))
+    elif name == "baseline":
+        msgspec.json.decode(gzip.decompress(Path(path).read_bytes()), type=_BaselineDocument)
     elif name == "read":
         from nsys_ledger.trace import load_trace
 
         load_trace(path)
+    elif name == "check_json":  # the whole CLI process: its own peak RSS is RUSAGE_CHILDREN's
+        with tempfile.TemporaryDirectory() as tmp:
+            proc = subprocess.run([sys.executable, "-m", "nsys_ledger.cli", "check", path, "--json",
+                                   str(Path(tmp) / "result.json")], capture_output=True, text=True)
+            if proc.returncode not in (0, 1):
+                raise RuntimeError(proc.stderr.strip().splitlines()[-1])
+        seconds, cpu = time.perf_counter() - start, _children_cpu_seconds()
+        peak_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+        return {"seconds": seconds, "cpu_seconds": cpu, "peak_mib": peak_mib}
     elif name == "check":
         from nsys_ledger.api import check
 
@@ -195,6 +266,63 @@ def _case(name: str, path: str) -> dict:
     return {"seconds": seconds, "cpu_seconds": cpu, "peak_mib": peak_mib}
 
 
+def _capped_case(name: str, path: str) -> dict:
+    """`load_trace` (or the whole-document reader) with the data segment capped at what the
+    process holds after a warm-up plus 3/4 of the JSON's size (BENCH_CAP_FRACTION: another share).
+    RLIMIT_DATA, not RLIMIT_AS: polars' allocator reserves address space it never touches."""
+    from nsys_ledger.trace import load_trace
+
+    json_bytes = sum(len(piece) for piece in _gunzip_pieces(path))
+    tiny = Path(tempfile.mkdtemp()) / "tiny.json"
+    tiny.write_text('{"traceEvents":[{"ph":"X","cat":"kernel","name":"k","pid":0,"tid":7,"ts":1,"dur":1}]}')
+    if name == "capped_whole":  # the reader before streaming: the text, then its events, then columns
+        sys.path.insert(0, str(ROOT / "tests"))
+        import kineto_oracle as whole
+
+        def load(p):
+            raw = Path(p).read_bytes()
+            data = gzip.decompress(raw) if raw.startswith(b"\x1f\x8b") else raw
+            document = whole.decode_document(data, str(p))
+            return whole._build(whole._Builder(str(p), document, data), document.traceEvents)
+    else:
+        load = load_trace
+    load(tiny)  # imports, polars' thread pools
+    held = _vm_bytes()
+    cap = held + int(json_bytes * float(os.environ.get("BENCH_CAP_FRACTION", "0.75")))
+    resource.setrlimit(resource.RLIMIT_DATA, (cap, cap))
+    start = time.perf_counter()
+    try:
+        kernels = load(path).kernels.height
+        outcome = f"read {kernels:,} kernels"
+    except MemoryError:
+        outcome = "MemoryError"
+    except Exception as exc:  # noqa: BLE001 - a bench row: say what happened
+        outcome = f"{type(exc).__name__}: {str(exc)[:80]}"
+    seconds = time.perf_counter() - start
+    return {"seconds": seconds, "cpu_seconds": _cpu_seconds(), "json_mib": json_bytes / 2**20,
+            "cap_above_warm_mib": (cap - held) / 2**20, "outcome": outcome,
+            "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def _gunzip_pieces(path: str):
+    with gzip.open(path, "rb") as fh:
+        while piece := fh.read(1 << 24):
+            yield piece
+
+
+def _vm_bytes() -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmData:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmData")
+
+
+def _children_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _cpu_seconds() -> float:
     """User + system CPU time of this process, all threads: less moved by other load than wall time."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -205,13 +333,15 @@ CASES = {
     "json": "bare parse: json.loads (stdlib)",
     "orjson": "bare parse: orjson.loads",
     "msgspec": "bare parse: msgspec.json.decode",
+    "baseline": "baseline: gunzip + typed ph/cat/name/ts/dur",
     "read": "read: load_trace (Kineto reader)",
     "check": "check (no ledger)",
+    "check_json": "check + JSON (CLI process)",
 }
 
 
 def _run_case(name: str, path: Path, repeat: int) -> dict | None:
-    """The case in `repeat` fresh processes; the run with the least wall time."""
+    """The case in `repeat` fresh processes: the median wall and CPU time, the largest peak."""
     env = {**os.environ, "NSYS_LEDGER_PROGRESS": "0"}
     runs = []
     for _ in range(repeat):
@@ -222,7 +352,12 @@ def _run_case(name: str, path: Path, repeat: int) -> dict | None:
             print(f"  {name}: skipped ({last})")
             return None
         runs.append(json.loads(proc.stdout.strip().splitlines()[-1]) | {"load": os.getloadavg()[0]})
-    return min(runs, key=lambda run: run["seconds"])
+    median = dict(runs[0])
+    median.update(seconds=statistics.median(r["seconds"] for r in runs),
+                  cpu_seconds=statistics.median(r["cpu_seconds"] for r in runs),
+                  peak_mib=max(r["peak_mib"] for r in runs), load=statistics.median(r["load"] for r in runs),
+                  runs=len(runs))
+    return median
 
 
 def _kernels_count(text: str) -> int:
@@ -233,7 +368,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kernels", default="1M", help="kernels per trace (100k, 1M, ...)")
     parser.add_argument("--modes", default="graph", help="graph, eager or both (comma-separated)")
-    parser.add_argument("--repeat", type=int, default=1, help="runs per case; the fastest counts")
+    parser.add_argument("--repeat", type=int, default=1, help="runs per case; the median counts")
+    parser.add_argument("--cases", default=",".join(CASES), help="which cases (comma-separated)")
+    parser.add_argument("--capped", help="also the capped-memory cases on a with_stack trace of this many kernels")
     parser.add_argument("--case", help=argparse.SUPPRESS)
     parser.add_argument("--trace", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -246,16 +383,23 @@ def main() -> None:
     steps = max(1, round(_kernels_count(args.kernels) / per_step))
     rows = []
     for mode in args.modes.split(","):
-        path = OUT / f"kineto-{mode}-{steps}steps.trace.json.gz"
-        if not path.is_file():
-            started = time.perf_counter()
-            written = write_trace(path, steps, mode)
-            print(f"wrote {path.name}: {written:,} kernels, {path.stat().st_size / 2**20:.0f} MiB gzip "
-                  f"in {time.perf_counter() - started:.0f} s")
-        kernels = steps * per_step
+        if mode == "synth":
+            synth_steps = max(1, round(_kernels_count(args.kernels) / 2077))
+            path = OUT / f"synth-kineto-{synth_steps}steps.trace.json.gz"
+            if not path.is_file():
+                synth_trace(path, synth_steps)
+            kernels = synth_steps * 2077
+        else:
+            path = OUT / f"kineto-{mode}-{steps}steps.trace.json.gz"
+            if not path.is_file():
+                started = time.perf_counter()
+                written = write_trace(path, steps, mode)
+                print(f"wrote {path.name}: {written:,} kernels, {path.stat().st_size / 2**20:.0f} MiB gzip "
+                      f"in {time.perf_counter() - started:.0f} s")
+            kernels = steps * per_step
         print(f"{path.name} ({kernels:,} kernels, load {os.getloadavg()[0]:.1f})")
         measured = {}
-        for case in CASES:
+        for case in args.cases.split(","):
             figures = _run_case(case, path, args.repeat)
             if figures:
                 measured[case] = figures
@@ -268,7 +412,15 @@ def main() -> None:
                 "x_msgspec": figures["seconds"] / measured["msgspec"]["seconds"] if "msgspec" in measured else None,
                 "x_json_cpu": figures["cpu_seconds"] / measured["json"]["cpu_seconds"] if "json" in measured else None,
             })
-        if "check" in measured:
+        if "baseline" in measured:
+            base = measured["baseline"]
+            json_mib = sum(len(piece) for piece in _gunzip_pieces(str(path))) / 2**20
+            for case in ("read", "check", "check_json"):
+                if case in measured:
+                    print(f"  {case} / baseline: {measured[case]['seconds'] / base['seconds']:.2f}x wall, "
+                          f"{measured[case]['cpu_seconds'] / base['cpu_seconds']:.2f}x cpu; peak "
+                          f"{measured[case]['peak_mib'] / json_mib:.2f}x the JSON's {json_mib:.0f} MiB")
+        if "check" in measured and "json" in measured and "msgspec" in measured:
             check_s = measured["check"]["seconds"]
             check_cpu = measured["check"]["cpu_seconds"]
             print(f"  check / bare parse (wall): {check_s / measured['json']['seconds']:.2f}x json.loads, "
@@ -276,6 +428,17 @@ def main() -> None:
                   + (f", {check_s / measured['orjson']['seconds']:.2f}x orjson" if "orjson" in measured else ""))
             print(f"  check / bare parse (cpu):  {check_cpu / measured['json']['cpu_seconds']:.2f}x json.loads, "
                   f"{check_cpu / measured['msgspec']['cpu_seconds']:.2f}x msgspec")
+    if args.capped:
+        path = OUT / f"kineto-stack-{args.capped}.trace.json.gz"
+        if not path.is_file():
+            write_stack_trace(path, _kernels_count(args.capped))
+        for case in ("capped_stream", "capped_whole"):
+            figures = _run_case(case, path, 1)
+            if figures:
+                rows.append({"trace": path.name, "mode": "with_stack", "case": case, **figures})
+                print(f"  {case}: {figures['outcome']} from {figures['json_mib']:.0f} MiB of JSON with the data "
+                      f"segment capped at +{figures['cap_above_warm_mib']:.0f} MiB, {figures['seconds']:.1f} s, "
+                      f"peak {figures['peak_mib']:.0f} MiB")
     (OUT / "kineto_results.json").write_text(json.dumps({
         "python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(), "rows": rows,
     }, indent=1))

@@ -5,8 +5,8 @@ One place for each rule, so that every reader and writer follows the same one:
 - `open_regular` / `read_bounded` / `read_head`: an input is opened without blocking
   (a FIFO or a device never hangs us), refused unless it is a regular file, and read up to
   a limit that a real input of its kind stays under.
-- `inflate_bounded`: gzip is inflated in chunks and refused when it passes its limit, so a
-  small gzip bomb costs the limit, not the bomb's size.
+- `inflate_bounded` / `inflate_stream`: gzip is inflated in chunks and refused when it passes
+  its limit, so a small gzip bomb costs the limit, not the bomb's size.
 - `guard_outputs` / `write_atomically`: no output is written onto an input (same path,
   symlink, hard link) or inside an input directory, and a file is written under a temporary
   name in its own folder and renamed into place, so a failure leaves no half-written file.
@@ -24,7 +24,7 @@ import os
 import stat
 import tempfile
 import zlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 import click
@@ -34,7 +34,8 @@ from nsys_ledger.errors import InputError
 
 __all__ = [
     "MAX_LEDGER_BYTES", "MAX_JSON_BYTES", "MAX_INFLATE_RATIO", "MIN_INFLATE_LIMIT", "MAX_BATCH", "MAX_GAP_US",
-    "file_kind", "open_regular", "read_bounded", "read_head", "inflate_bounded", "guard_outputs",
+    "file_kind", "open_regular", "read_bounded", "read_head", "read_chunks", "inflate_bounded", "inflate_stream",
+    "guard_outputs",
     "write_atomically", "regex_problem", "regex_hits", "finite_number", "gap_us_option", "regex_option",
 ]
 
@@ -117,30 +118,75 @@ def read_bounded(path: str | os.PathLike[str], shown: str, limit: int, what: str
     return data
 
 
-def inflate_bounded(compressed: bytes, shown: str, limit: int, error: type[InputError] = InputError) -> bytes:
-    """Un-gzip `compressed` (all members), refused as soon as the output passes `limit`."""
-    pieces: list[bytes] = []
-    total = 0
-    data = compressed
-    while data:
-        inflater = zlib.decompressobj(wbits=31)
-        try:
-            while data:
-                piece = inflater.decompress(data, _INFLATE_CHUNK)
-                data = inflater.unconsumed_tail
+def read_chunks(path: str | os.PathLike[str], shown: str, limit: int, what: str, size: int,
+                error: type[InputError] = InputError) -> tuple[int, Iterator[bytes]]:
+    """The size of the regular file `path` and its bytes as pieces of `size` bytes, refused
+    (before any piece) when it holds more than `limit` bytes, like `read_bounded`; and refused
+    again if it grows past the limit while it is read."""
+    fd = open_regular(path, shown, error)
+    length = os.fstat(fd).st_size
+    if length > limit:
+        os.close(fd)
+        raise error(shown, f"larger than {_size(limit)}: too large for {what}")
+
+    fh = os.fdopen(fd, "rb", closefd=True)  # closed when the pieces are spent or dropped
+
+    def pieces() -> Iterator[bytes]:
+        total = 0
+        with fh:
+            while True:
+                try:
+                    piece = fh.read(size)
+                except OSError as exc:
+                    raise error(shown, f"cannot read the file ({exc.strerror or exc})") from None
+                if not piece:
+                    return
                 total += len(piece)
                 if total > limit:
-                    raise error(shown, f"gzip data inflates to more than {_size(limit)} "
-                                       f"({_size(len(compressed))} compressed): not a profiler trace")
-                pieces.append(piece)
-                if inflater.eof:
+                    raise error(shown, f"larger than {_size(limit)}: too large for {what}")
+                yield piece
+
+    return length, pieces()
+
+
+def inflate_bounded(compressed: bytes, shown: str, limit: int, error: type[InputError] = InputError) -> bytes:
+    """Un-gzip `compressed` (all members), refused as soon as the output passes `limit`."""
+    return b"".join(inflate_stream([compressed], len(compressed), shown, limit, error))
+
+
+def inflate_stream(compressed: Iterable[bytes], compressed_size: int, shown: str, limit: int,
+                   error: type[InputError] = InputError) -> Iterator[bytes]:
+    """Un-gzip the pieces of `compressed` (all members) as a stream of inflated pieces of at
+    most 1 MiB, refused as soon as the output passes `limit` (so a trace larger than memory
+    can be read piece by piece, and a gzip bomb still costs only the limit)."""
+    total = 0
+    inflater = zlib.decompressobj(wbits=31)
+    started = False  # a member has begun: its end must come before the input does
+    for data in compressed:
+        while data or started:
+            if not started:
+                data = data.lstrip(b"\x00")  # gzip allows members back to back, padded with zeros
+                if not data:
                     break
-        except zlib.error as exc:
-            raise error(shown, f"corrupt gzip data ({exc})") from None
-        if not inflater.eof:
-            raise error(shown, "truncated gzip file (incomplete copy or download?)")
-        data = inflater.unused_data.lstrip(b"\x00")  # gzip allows members back to back
-    return b"".join(pieces)
+                inflater, started = zlib.decompressobj(wbits=31), True
+            try:
+                piece = inflater.decompress(data, _INFLATE_CHUNK)
+            except zlib.error as exc:
+                raise error(shown, f"corrupt gzip data ({exc})") from None
+            total += len(piece)
+            if total > limit:
+                raise error(shown, f"gzip data inflates to more than {_size(limit)} "
+                                   f"({_size(compressed_size)} compressed): not a profiler trace")
+            if piece:
+                yield piece
+            if inflater.eof:
+                data, started = inflater.unused_data, False
+                continue
+            data = inflater.unconsumed_tail
+            if not data and len(piece) < _INFLATE_CHUNK:
+                break  # this piece of input is spent and no output is pending: wait for the next
+    if started:
+        raise error(shown, "truncated gzip file (incomplete copy or download?)")
 
 
 def inflate_limit(compressed_size: int) -> int:

@@ -35,9 +35,15 @@ are converted apart, and where a double cannot hold the decimal text to the nano
 (non-integer values at or above 2**43 µs, e.g. epoch microseconds with decimals), the numbers
 are read again as text.
 
-Parsing uses msgspec with typed structs (about 2.5x the standard library's speed on real
-traces, docs/performance.md): only the fields used are materialized, the rest of each event
-is skipped by the decoder. Anything wrong with the input is a `TraceError` naming the file.
+Reading streams: the text is inflated piece by piece and the `traceEvents` array decoded in
+batches of whole events (`trace.json_stream`), each batch turned into polars columns of the
+categories that become frames and then dropped, so memory holds one batch of events and the
+columns, never the text or a million Python objects (docs/performance.md). A document laid out
+unusually (not an object, a key twice, `traceEvents` not an array, malformed text outside the
+array) is read whole instead, as before, so every problem keeps its one-line wording.
+Decoding uses msgspec with typed structs (about 2.5x the standard library's speed on real
+traces): only the fields used are materialized, the rest of each event is skipped by the
+decoder. Anything wrong with the input is a `TraceError` naming the file.
 """
 
 from __future__ import annotations
@@ -46,16 +52,20 @@ import os
 import re
 import zlib
 from collections import defaultdict
-from itertools import repeat
-from operator import attrgetter, is_
+from collections.abc import Iterator
+from itertools import chain, compress, repeat
+from operator import attrgetter, eq, is_
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, NamedTuple, Union
 
 import msgspec
 import polars as pl
 
 from nsys_ledger.errors import TraceError
-from nsys_ledger.safety import MAX_JSON_BYTES, inflate_bounded, inflate_limit, read_bounded, read_head
+from nsys_ledger.safety import (
+    MAX_JSON_BYTES, inflate_bounded, inflate_limit, inflate_stream, read_bounded, read_chunks, read_head,
+)
+from nsys_ledger.trace.json_stream import BadJson, EventStream, Unusual
 from nsys_ledger.trace.model import FRAME_SCHEMAS, Trace, TraceMeta, empty_frame
 
 __all__ = ["load_kineto", "load_kineto_capture", "is_kineto_file", "KINETO_VERSION_SOURCE"]
@@ -70,6 +80,7 @@ _LOW24 = 0xFFFFFF
 # Above 2**43 µs a double's spacing exceeds 1 ns: the decimal text must be read exactly.
 _EXACT_FLOAT_LIMIT_US = float(2**43)
 _MAX_TIME_US = 9 * 10**15  # 285 years: larger times (or their ns) do not fit an int64 ns column
+_UNIT_NS = 1000  # times are µs (see the module docstring)
 GRAPH_ID_SHIFT = 20  # graph_node_id = graph_id << 20 | position in the replay
 # A Kineto replay has no record of where its graph kernels were captured (nsys has node rows).
 CAPTURE_HINT = (
@@ -151,7 +162,7 @@ class _Event(msgspec.Struct, gc=False):
 
 _NO_ARGS = _Args()
 # Field getters: `map` with attrgetter builds a column about twice as fast as a comprehension.
-_CAT, _ID = attrgetter("cat"), attrgetter("id")
+_CAT, _ID, _PH = attrgetter("cat"), attrgetter("id"), attrgetter("ph")
 _ARGS, _PID, _TID, _NAME, _TS, _DUR = (attrgetter(f) for f in ("args", "pid", "tid", "name", "ts", "dur"))
 _DEVICE, _STREAM, _CORRELATION, _KIND, _BYTES, _SYNC_KIND = (
     attrgetter(f) for f in ("device", "stream", "correlation", "kind", "bytes", "cuda_sync_kind")
@@ -199,35 +210,105 @@ def is_kineto_file(p: Path) -> bool:
 
 def load_kineto(path: str | os.PathLike[str]) -> Trace:
     """Read the Kineto/Chrome trace at `path` (plain or gzip JSON). Raises TraceError."""
-    shown = str(path)
-    data = read_json_bytes(Path(path), shown)
-    document = decode_document(data, shown)
-    events = document.traceEvents
-    if events is None:
-        raise TraceError(shown, "JSON without a traceEvents list: not a PyTorch profiler / Chrome trace")
-    return _build(_Builder(shown, document, data), events)
-
-
-def _build(builder: "_Builder", events: list[_Event]) -> Trace:
-    try:
-        return builder.build(events)
-    except _OutOfRange as exc:
-        raise TraceError(builder.shown, f"{exc.field} value {str(exc.value)[:40]} does not fit 64 bits: "
-                                        "no profiler writes it (damaged or hand-made trace)") from None
+    return _build(_read(Path(path), str(path)))
 
 
 def load_kineto_capture(path: str | os.PathLike[str]) -> tuple[Trace, pl.DataFrame]:
     """A capture trace (SGLang `--enable-profile-cuda-graph`, vLLM's capture profile) and the
     kernel each recorded launch call names in `args.kernel` (ROCm writes it; CUPTI does not):
     `pid, correlation, kernel`, one row per call that names one."""
-    shown = str(path)
-    data = read_json_bytes(Path(path), shown)
-    document = decode_document(data, shown)
-    if document.traceEvents is None:
-        raise TraceError(shown, "JSON without a traceEvents list: not a PyTorch profiler / Chrome trace")
-    builder = _Builder(shown, document, data)
-    trace = _build(builder, document.traceEvents)
+    builder = _read(Path(path), str(path))
+    trace = _build(builder)
     return trace, builder.launch_kernels
+
+
+def _build(builder: "_Builder") -> Trace:
+    try:
+        return builder.build()
+    except _OutOfRange as exc:
+        raise TraceError(builder.shown, f"{exc.field} value {str(exc.value)[:40]} does not fit 64 bits: "
+                                        "no profiler writes it (damaged or hand-made trace)") from None
+
+
+def _read(p: Path, shown: str) -> "_Builder":
+    """The trace's events as columns: streamed in batches (`trace.json_stream`), or decoded
+    whole when the document is laid out unusually. Times that a double may have rounded are
+    read again as text in a second pass over the file, for the frames that hold them."""
+    events = _collect(p, shown, frozenset())
+    exact = events.frames_needing_exact_times()
+    if exact:
+        if events.dropped:  # entries that are not objects: rows cannot be paired with their text
+            raise TraceError(shown, "traceEvents holds entries that are not objects")
+        events = _collect(p, shown, exact)
+    return _Builder(shown, events)
+
+
+def _collect(p: Path, shown: str, exact: frozenset[str]) -> "_EventColumns":
+    columns = _EventColumns(exact)
+    stream = EventStream(_json_pieces(p, shown), _decode_batch, _HEADER_KEYS)
+    try:
+        for batch in stream.batches():
+            columns.add(batch, shown)
+            del batch  # its events go before the next batch is decoded, not after
+    except Unusual:
+        return _collect_whole(p, shown, exact)
+    except BadJson as exc:
+        raise TraceError(shown, f"not valid JSON ({exc})") from None
+    except RecursionError:
+        raise TraceError(shown, "JSON nested too deeply: not a profiler trace") from None
+    if not stream.has_events:
+        raise TraceError(shown, "JSON without a traceEvents list: not a PyTorch profiler / Chrome trace")
+    if columns.entries and columns.dropped == columns.entries:
+        raise TraceError(shown, "traceEvents holds no event objects: not a PyTorch profiler (Kineto) trace")
+    columns.document = _Document(**{key: stream.header.get(key) for key in _HEADER_KEYS})
+    return columns
+
+
+def _collect_whole(p: Path, shown: str, exact: frozenset[str]) -> "_EventColumns":
+    """The whole-document path, for documents the stream reader does not expect: every
+    problem of such a document is worded by `decode_document`."""
+    data = read_json_bytes(p, shown)
+    document = decode_document(data, shown)
+    events = document.traceEvents
+    if events is None:
+        raise TraceError(shown, "JSON without a traceEvents list: not a PyTorch profiler / Chrome trace")
+    raw = None
+    if exact:
+        try:
+            raw = msgspec.json.decode(data, type=_RawDocument).traceEvents
+        except msgspec.ValidationError:
+            raw = None
+        if raw is None or len(raw) != len(events):  # the generic path dropped non-object entries
+            raise TraceError(shown, "traceEvents holds entries that are not objects")
+    columns = _EventColumns(exact)
+    columns.add_events(events, raw, shown)
+    columns.document = document
+    return columns
+
+
+def _json_pieces(p: Path, shown: str) -> Iterator[bytes]:
+    """The JSON text of `p` in pieces, un-gzipped when it is gzip data (by its magic, not its
+    name), within the same bounds as `read_json_bytes` (`nsys_ledger.safety`)."""
+    size, pieces = read_chunks(p, shown, MAX_JSON_BYTES, "a profiler trace", _READ_PIECE, TraceError)
+    first = next(pieces, b"")
+    if not first:
+        raise TraceError(shown, "empty file")
+    if not first.startswith(GZIP_MAGIC):
+        return chain([first], pieces)
+    return inflate_stream(chain([first], pieces), size, shown, inflate_limit(size), TraceError)
+
+
+def _decode_batch(text: bytes, bare: bool) -> "_Batch":
+    """A batch of events from the text of a JSON array: typed, or through the generic decoder
+    when some field has an unusual type (and always for a bare-array document, as before)."""
+    if not bare:
+        try:
+            events = _DECODE_EVENTS.decode(text)
+            return _Batch(text, events, len(events))
+        except msgspec.ValidationError:
+            pass
+    items = _DECODE_ANY.decode(text)
+    return _Batch(text, [_event_from_dict(e) for e in items if isinstance(e, dict)], len(items))
 
 
 def read_json_bytes(p: Path, shown: str) -> bytes:
@@ -426,42 +507,251 @@ def _classify_api(names: pl.Series) -> pl.DataFrame:
 
 
 # ---------------------------------------------------------------------------------------
+# Events as columns, batch by batch
+# ---------------------------------------------------------------------------------------
+
+_DECODE_EVENTS = msgspec.json.Decoder(list[_Event])
+_DECODE_ANY = msgspec.json.Decoder()
+_DECODE_RAW_TIMES = msgspec.json.Decoder(list[_RawTimes])
+_HEADER_KEYS = ("displayTimeUnit", "schemaVersion", "deviceProperties", "distributedInfo")
+_READ_PIECE = 4 * 1024 * 1024
+
+
+class _Batch(NamedTuple):
+    text: bytes  # the JSON array the events were decoded from (read again for exact times)
+    events: list[_Event]
+    entries: int  # entries of the array, objects or not
+
+
+# The rows of each frame, by category in this order (a frame's rows are its categories' rows,
+# category by category, each in file order): the order the whole-document reader gave them.
+_FRAME_CATS: dict[str, tuple[str, ...]] = {
+    "api": RUNTIME_CATS + DRIVER_CATS,
+    "flow": ("ac2g",),  # only the GPU ends (`ph: f`)
+    "kernel": KERNEL_CATS,
+    "memcpy": MEMCPY_CATS,
+    "memset": MEMSET_CATS,
+    "sync": SYNC_CATS,
+    "cpu": CPU_RANGE_CATS + ("python_function",),  # only the nn.Module ranges of python_function
+    "gpu_range": GPU_RANGE_CATS,
+}
+_FRAME_OF = {cat: frame for frame, cats in _FRAME_CATS.items() for cat in cats}
+_GPU_FRAMES = ("kernel", "memcpy", "memset", "sync", "gpu_range")
+_EXTRA_COLUMNS = {"memcpy": ("kind", "bytes"), "memset": ("bytes",), "sync": ("cuda_sync_kind",)}
+# a trace holds at least one of these, or it is not a profiler trace
+_TRACE_CATS = (*KERNEL_CATS, *MEMCPY_CATS, *MEMSET_CATS, *SYNC_CATS, *GPU_RANGE_CATS, *RUNTIME_CATS, *DRIVER_CATS,
+               *CPU_RANGE_CATS)
+
+
+class _EventColumns:
+    """The columns each frame needs, gathered batch by batch: only the events of the
+    categories that become frames are kept, as polars Series, never as Python objects.
+
+    A number that does not fit 64 bits is kept as its `_OutOfRange` in place of the batch's
+    column and raised when the builder asks for that column: the same column, in the same
+    order, as the whole-document reader raised it."""
+
+    def __init__(self, exact: frozenset[str]):
+        self.exact = exact  # frames whose times are read from the decimal text
+        self.parts: dict[str, dict[str, list]] = {cat: defaultdict(list) for cat in _FRAME_OF}
+        self.rows = dict.fromkeys(_FRAME_OF, 0)
+        self.seen_cats: set[str] = set()
+        self.events = 0
+        self.entries = 0
+        self.dropped = 0
+        self._float_times: set[str] = set()  # frames with a time decoded as a double
+        self._large_times: set[str] = set()  # ... and with one at or above 2**43 µs
+        self.document = _Document()
+
+    def add(self, batch: _Batch, shown: str) -> None:
+        raw = None
+        self.entries += batch.entries
+        self.dropped += batch.entries - len(batch.events)
+        if self.exact and any(e.cat in _FRAME_OF and _FRAME_OF[e.cat] in self.exact for e in batch.events):
+            try:
+                raw = _DECODE_RAW_TIMES.decode(batch.text)
+            except msgspec.ValidationError:
+                raise TraceError(shown, "traceEvents holds entries that are not objects") from None
+        self.add_events(batch.events, raw, shown)
+
+    def add_events(self, events: list[_Event], raw: list[_RawTimes] | None, shown: str) -> None:
+        self.events += len(events)
+        by_cat: dict[Any, list] = defaultdict(list)
+        if raw is None:
+            for event in events:
+                by_cat[event.cat].append(event)
+        else:  # exact times: the rows' places in the batch pair them with their text
+            for index, cat in enumerate(map(_CAT, events)):
+                by_cat[cat].append(index)
+        for cat, picked in by_cat.items():
+            frame = _FRAME_OF.get(cat)
+            if frame is None:
+                continue
+            self.seen_cats.add(cat)
+            rows = None
+            if raw is not None:
+                rows, picked = picked, list(map(events.__getitem__, picked))
+            if cat == "ac2g":
+                keep = list(map(eq, map(_PH, picked), repeat("f")))
+            elif cat == "python_function":
+                keep = list(map(_is_module_range, map(_NAME, picked)))
+            else:
+                keep = None
+            if keep is not None:
+                picked = list(compress(picked, keep))
+                rows = None if rows is None else list(compress(rows, keep))
+            if picked:
+                self._add_rows(cat, frame, picked, rows, raw)
+
+    def _add_rows(self, cat: str, frame: str, picked: list[_Event], rows: list[int] | None, raw) -> None:
+        parts = self.parts[cat]
+        self.rows[cat] += len(picked)
+        ts, duration = self._times(frame, picked, rows, raw)
+        parts["ts"].append(ts)
+        parts["dur"].append(duration)
+        parts["pid"].append(_lazy_int(list(map(_PID, picked)), "pid"))
+        parts["tid"].append(_lazy_int(list(map(_TID, picked)), "tid"))
+        if frame == "flow":
+            parts["id"].append(_lazy_int(list(map(_ID, picked)), "_flow"))
+            return
+        parts["name"].append(_as_text(list(map(_NAME, picked)), "name"))
+        if frame == "cpu":
+            return
+        args = list(map(_ARGS, picked))
+        if frame == "api":
+            parts["correlation"].append(_lazy_int([a.correlation if a is not None else None for a in args], "c"))
+            named = [(e.pid, a.correlation, a.kernel) for e, a in zip(picked, args)
+                     if a is not None and isinstance(a.kernel, str)]
+            parts["launch_pid"].append(_lazy_int([n[0] for n in named], "pid"))
+            parts["launch_correlation"].append(_lazy_int([n[1] for n in named], "correlation"))
+            parts["launch_kernel"].append(pl.Series("kernel", [n[2] for n in named], dtype=STR))
+            return
+        if any(map(is_, args, repeat(None))):  # by identity: `None in args` calls each struct's __eq__
+            args = [a if a is not None else _NO_ARGS for a in args]
+        parts["device"].append(_lazy_int(list(map(_DEVICE, args)), "device"))
+        parts["stream"].append(_lazy_int(list(map(_STREAM, args)), "stream"))
+        parts["correlation"].append(_lazy_int(list(map(_CORRELATION, args)), "correlation"))
+        extra = _EXTRA_COLUMNS.get(frame, ())
+        if "kind" in extra:
+            parts["_kind"].append(_as_text(list(map(_KIND, args)), "_kind"))
+        if "bytes" in extra:
+            parts["bytes"].append(_lazy_int(list(map(_BYTES, args)), "bytes"))
+        if "cuda_sync_kind" in extra:
+            parts["_sync"].append(_as_text(list(map(_SYNC_KIND, args)), "_sync"))
+
+    def _times(self, frame: str, picked: list[_Event], rows: list[int] | None, raw) -> tuple[pl.Series, pl.Series]:
+        """Start and duration of one category's events of one batch as decoded (numbers or
+        text); converted to ns when the builder asks for them (`times`), a run of batches of
+        one type at once."""
+        ts = pl.Series("ts", list(map(_TS, picked)), strict=False)
+        if ts.dtype.is_float():
+            self._float_times.add(frame)
+        if ts.dtype.is_numeric() and bool((ts.abs() >= _EXACT_FLOAT_LIMIT_US).any()):
+            self._large_times.add(frame)
+        if frame in self.exact:
+            exact = [raw[i] for i in rows]
+            return (pl.Series("ts", [_raw_number(r.ts) for r in exact], dtype=STR),
+                    pl.Series("dur", [_raw_number(r.dur) for r in exact], dtype=STR))
+        return ts, pl.Series("dur", list(map(_DUR, picked)), strict=False)
+
+    def frames_needing_exact_times(self) -> frozenset[str]:
+        """Frames with a non-integer time at or above 2**43 µs, where a double's spacing
+        exceeds half a nanosecond (at 1.7e15 µs, epoch time, it is a quarter µs): all their
+        times are read again as text (the decoder gives integer literals as int)."""
+        return frozenset(self._float_times & self._large_times) - self.exact
+
+    # -- the builder's view --------------------------------------------------------------
+
+    def count(self, frame: str, cats: tuple[str, ...] | None = None) -> int:
+        return sum(self.rows[cat] for cat in (cats or _FRAME_CATS[frame]))
+
+    def column(self, frame: str, name: str, dtype: pl.DataType = I64, cats: tuple[str, ...] | None = None,
+               alias: str | None = None) -> pl.Series:
+        """The column `name` of the frame's rows (of `cats` only, when given), batch parts joined."""
+        pieces = [piece for cat in (cats or _FRAME_CATS[frame]) for piece in self.parts[cat].get(name, [])]
+        for piece in pieces:
+            if isinstance(piece, _OutOfRange):
+                raise piece
+        alias = alias or name
+        if not pieces:
+            return pl.Series(alias, [], dtype=dtype)
+        return pl.concat([piece.cast(dtype) for piece in pieces]).alias(alias)
+
+    def times(self, frame: str, name: str) -> pl.Series:
+        """Integer ns of the frame's `ts` or `dur`: each run of batch parts of one type joined
+        and converted at once (the conversion depends on the type, not on the batch)."""
+        pieces = [piece for cat in _FRAME_CATS[frame] for piece in self.parts[cat].get(name, [])]
+        converted, run = [], []
+        for piece in pieces:
+            if run and (piece.dtype != run[0].dtype or piece.dtype == pl.Object):
+                converted.append(_to_ns(pl.concat(run)).cast(I64))
+                run = []
+            run.append(piece)
+        if run:
+            converted.append(_to_ns(pl.concat(run)).cast(I64))
+        return pl.concat(converted) if converted else pl.Series(name, [], dtype=I64)
+
+    def release(self, frame: str) -> None:
+        """Drop the frame's columns once its frame is built (they and the frame would
+        otherwise both be held until the whole Trace is)."""
+        for cat in _FRAME_CATS[frame]:
+            self.parts[cat].clear()
+
+    def has_any_trace_category(self) -> bool:
+        return any(cat in self.seen_cats for cat in _TRACE_CATS)
+
+
+def _is_module_range(name: Any) -> bool:
+    return isinstance(name, str) and name.startswith(MODULE_RANGE_PREFIX)
+
+
+def _lazy_int(values: list, name: str) -> pl.Series | _OutOfRange:
+    try:
+        return _as_int(values, name)
+    except _OutOfRange as exc:
+        return exc
+
+
+def _to_ns(series: pl.Series) -> pl.Series:
+    if series.dtype == STR or series.dtype == pl.Object:
+        return decimal_text_to_ns(series.cast(STR), _UNIT_NS)
+    if series.dtype.is_integer() or series.dtype == pl.Null:
+        series = series.cast(I64, strict=False)
+        return series.set(series.abs() >= _MAX_TIME_US, None) * _UNIT_NS
+    return float_to_ns(series, _UNIT_NS)
+
+
+# ---------------------------------------------------------------------------------------
 # Building the Trace
 # ---------------------------------------------------------------------------------------
 
 
 class _Builder:
-    def __init__(self, shown: str, document: _Document, data: bytes):
+    def __init__(self, shown: str, events: _EventColumns):
         self.shown = shown
-        self.document = document
-        self.data = data
-        self.warnings: list[str] = []
-        self.unit_ns = 1000  # µs (see the module docstring)
-        self._exact: tuple[pl.Series, pl.Series] | None = None  # every event's times, read as text
-
-    def build(self, events: list[_Event]) -> Trace:
-        by_cat: dict[str | None, list[int]] = defaultdict(list)
-        for index, cat in enumerate(map(_CAT, events)):
-            by_cat[cat].append(index)
         self.events = events
-        gpu_cats = (*KERNEL_CATS, *MEMCPY_CATS, *MEMSET_CATS, *SYNC_CATS, *GPU_RANGE_CATS)
-        if not any(by_cat.get(c) for c in (*gpu_cats, *RUNTIME_CATS, *DRIVER_CATS, *CPU_RANGE_CATS)):
-            if not events:
+        self.document = events.document
+        self.warnings: list[str] = []
+        self.launch_kernels = pl.DataFrame(schema={"pid": I64, "correlation": I64, "kernel": STR})
+
+    def build(self) -> Trace:
+        if not self.events.has_any_trace_category():
+            if not self.events.events:
                 raise TraceError(self.shown, "the trace holds no events (empty traceEvents)")
             raise TraceError(
                 self.shown,
                 "no kernel, CUDA runtime, cpu_op or annotation events: not a PyTorch profiler (Kineto) trace",
             )
 
-        api_calls = self.api_calls(self._pick(by_cat, RUNTIME_CATS), self._pick(by_cat, DRIVER_CATS))
-        self.launch_kernels = self.named_launch_kernels(self._pick(by_cat, RUNTIME_CATS + DRIVER_CATS))
+        api_calls = self.api_calls()
+        self.launch_kernels = self.named_launch_kernels()
+        self.events.release("api")
         launchers = api_calls.select("pid", "correlation").drop_nulls().unique(subset=["correlation"], keep="first")
-        self.flow_ends = self._flow_ends(by_cat.get("ac2g", []))
-        main_pid = self._main_pid(api_calls, by_cat)
-        kernels = self.gpu_rows(self._pick(by_cat, KERNEL_CATS), launchers, main_pid)
-        memcpys = self.gpu_rows(self._pick(by_cat, MEMCPY_CATS), launchers, main_pid, ("kind", "bytes"))
-        memsets = self.gpu_rows(self._pick(by_cat, MEMSET_CATS), launchers, main_pid, ("bytes",))
-        syncs = self.gpu_rows(self._pick(by_cat, SYNC_CATS), launchers, main_pid, ("cuda_sync_kind",))
+        self.flow_ends = self._flow_ends()
+        self.events.release("flow")
+        main_pid = self._main_pid(api_calls)
+        kernels, memcpys, memsets, syncs = (self.gpu_rows(frame, launchers, main_pid)
+                                            for frame in ("kernel", "memcpy", "memset", "sync"))
         if kernels.height == 0:
             self.warnings.append("the trace has no kernel events (was the profiler run with CUDA activities?)")
 
@@ -472,7 +762,7 @@ class _Builder:
             "memcpys": self.memcpys(memcpys),
             "memsets": self.memsets(memsets),
             "syncs": self.syncs(syncs),
-            "nvtx": self.nvtx(by_cat, launchers, main_pid),
+            "nvtx": self.nvtx(launchers, main_pid),
             "devices": self.devices(kernels, memcpys, memsets),
         }
         for kind, df in frames.items():
@@ -492,80 +782,33 @@ class _Builder:
         )
         return Trace(path=self.shown, meta=meta, **frames)
 
-    @staticmethod
-    def _pick(by_cat: dict, cats: tuple[str, ...]) -> list[int]:
-        picked: list[int] = []
-        for cat in cats:
-            picked += by_cat.get(cat, [])
-        return picked
-
     # -- times -------------------------------------------------------------------------
 
-    def _to_ns(self, series: pl.Series) -> pl.Series:
-        if series.dtype == STR or series.dtype == pl.Object:
-            return decimal_text_to_ns(series.cast(STR), self.unit_ns)
-        if series.dtype.is_integer() or series.dtype == pl.Null:
-            series = series.cast(I64, strict=False)
-            return series.set(series.abs() >= _MAX_TIME_US, None) * self.unit_ns
-        return float_to_ns(series, self.unit_ns)
-
-    def _needs_exact_text(self, ts: pl.Series) -> bool:
-        """Whether some decimal number may have lost digits as a double: a non-integer literal
-        (the decoder gives integer literals as int) at or above 2**43 µs, where a double's
-        spacing exceeds half a nanosecond (at 1.7e15 µs, epoch time, it is a quarter µs)."""
-        if not ts.dtype.is_float():
-            return False
-        return bool((ts.abs() >= _EXACT_FLOAT_LIMIT_US).any())
-
-    def _exact_times(self, count: int) -> tuple[pl.Series, pl.Series]:
-        raw = msgspec.json.decode(self.data, type=_RawDocument).traceEvents
-        if len(raw) != count:  # the generic path dropped non-object entries: cannot pair them up
-            raise TraceError(self.shown, "traceEvents holds entries that are not objects")
-        ts = pl.Series("ts", [_raw_number(r.ts) for r in raw], dtype=STR)
-        dur = pl.Series("dur", [_raw_number(r.dur) for r in raw], dtype=STR)
-        return decimal_text_to_ns(ts, self.unit_ns), decimal_text_to_ns(dur, self.unit_ns)
-
-    def _span(self, rows: list[int]) -> tuple[pl.Series, pl.Series]:
-        """Start and end in integer ns of the events at `rows`. Only the events a frame uses are
-        converted (a `with_stack` trace holds ten times as many python_function events); each
-        set is checked on its own for values a double cannot hold to the nanosecond."""
-        events = self._events(rows)
-        ts = pl.Series("ts", list(map(_TS, events)), strict=False)
-        if self._needs_exact_text(ts):
-            if self._exact is None:
-                self._exact = self._exact_times(len(self.events))
-            index = pl.Series(rows, dtype=pl.UInt32)
-            start, duration = self._exact[0].gather(index), self._exact[1].gather(index)
-        else:
-            start = self._to_ns(ts)
-            duration = self._to_ns(pl.Series("dur", list(map(_DUR, events)), strict=False))
+    def _span(self, frame: str) -> tuple[pl.Series, pl.Series]:
+        """Start and end in integer ns of the frame's events (converted batch by batch; each
+        frame checked on its own for values a double cannot hold to the nanosecond)."""
+        start = self.events.times(frame, "ts")
+        duration = self.events.times(frame, "dur")
         negative = int((duration < 0).sum())
         if negative:
-            raise TraceError(self.shown, f"{negative} of {len(rows)} events have a negative duration (dur): "
+            raise TraceError(self.shown, f"{negative} of {start.len()} events have a negative duration (dur): "
                                          "no profiler writes that (damaged or hand-made trace)")
         start = start.alias("start")
         return start, (start + duration.fill_null(0)).alias("end")
 
-    def _column(self, rows: list[int], getter) -> list:
-        return list(map(getter, self._events(rows)))
-
-    def _events(self, rows: list[int]) -> list[_Event]:
-        return list(map(self.events.__getitem__, rows))
-
     # -- host side ---------------------------------------------------------------------
 
-    def api_calls(self, runtime: list[int], driver: list[int]) -> pl.DataFrame:
-        rows = runtime + driver
-        if not rows:
+    def api_calls(self) -> pl.DataFrame:
+        if not self.events.count("api"):
             return empty_frame("api_calls")
-        start, end = self._span(rows)
-        pid = _as_int(self._column(rows, _PID), "pid")
-        tid = _as_int(self._column(rows, _TID), "tid")
+        column = self.events.column
+        start, end = self._span("api")
+        runtime, driver = self.events.count("api", RUNTIME_CATS), self.events.count("api", DRIVER_CATS)
         df = pl.DataFrame({
-            "start": start, "end": end, "pid": pid, "tid": tid,
-            "correlation": _as_int([a.correlation if a is not None else None for a in self._column(rows, _ARGS)], "c"),
-            "_raw": _as_text(self._column(rows, _NAME), "_raw"),
-            "event_class": pl.Series([0] * len(runtime) + [1] * len(driver), dtype=I64),
+            "start": start, "end": end, "pid": column("api", "pid"), "tid": column("api", "tid"),
+            "correlation": column("api", "correlation"),
+            "_raw": column("api", "name", STR, alias="_raw"),
+            "event_class": pl.Series([0] * runtime + [1] * driver, dtype=I64),
         })
         names = _classify_api(df["_raw"])
         df = df.join(names, on="_raw", how="left", maintain_order="left")
@@ -574,88 +817,86 @@ class _Builder:
             ((pl.col("pid") & _LOW24) * _PID_SHIFT + (pl.col("tid") & _LOW24)).alias("global_tid"),
         ).sort("start", maintain_order=True)
 
-    def named_launch_kernels(self, rows: list[int]) -> pl.DataFrame:
+    def named_launch_kernels(self) -> pl.DataFrame:
         """`pid, correlation, kernel` of the launch calls whose args name their kernel."""
-        named = [i for i in rows if self.events[i].args is not None and isinstance(self.events[i].args.kernel, str)]
+        column = self.events.column
         return pl.DataFrame({
-            "pid": _as_int(self._column(named, _PID), "pid"),
-            "correlation": _as_int(self._column(named, lambda e: e.args.correlation), "correlation"),
-            "kernel": pl.Series("kernel", self._column(named, lambda e: e.args.kernel), dtype=STR),
+            "pid": column("api", "launch_pid", alias="pid"),
+            "correlation": column("api", "launch_correlation", alias="correlation"),
+            "kernel": column("api", "launch_kernel", STR, alias="kernel"),
         }, schema={"pid": I64, "correlation": I64, "kernel": STR})
 
-    def _main_pid(self, api_calls: pl.DataFrame, by_cat: dict) -> int | None:
+    def _main_pid(self, api_calls: pl.DataFrame) -> int | None:
         """The process that made the most API calls (else the most ranges): GPU rows whose
         launching call was not recorded are given to it."""
         if api_calls.height:
             counts = api_calls.group_by("pid").len().sort(["len", "pid"], descending=[True, False])
             return counts["pid"][0]
-        rows = self._pick(by_cat, CPU_RANGE_CATS)
-        pids = _as_int(self._column(rows, _PID), "pid").drop_nulls()
+        pids = self.events.column("cpu", "pid", cats=CPU_RANGE_CATS).drop_nulls()
         return pids.mode().sort()[0] if pids.len() else None
 
     # -- GPU side ----------------------------------------------------------------------
 
-    def gpu_rows(
-        self, rows: list[int], launchers: pl.DataFrame, main_pid: int | None, extra: tuple[str, ...] = ()
-    ) -> pl.DataFrame:
+    def gpu_rows(self, frame: str, launchers: pl.DataFrame, main_pid: int | None) -> pl.DataFrame:
         """Common columns of GPU rows: times, device, stream, correlation, name, launching pid;
-        and of `extra` ("kind", "bytes", "cuda_sync_kind") the ones this kind of row needs."""
-        start, end = self._span(rows)
-        events = self._events(rows)
-        args = list(map(_ARGS, events))
-        if any(map(is_, args, repeat(None))):  # by identity: `None in args` calls each struct's __eq__
-            args = [a if a is not None else _NO_ARGS for a in args]
-        device = _as_int(list(map(_DEVICE, args)), "device")
-        stream = _as_int(list(map(_STREAM, args)), "stream")
+        and the kind, bytes or sync kind where this kind of row has one."""
+        column = self.events.column
+        rows = self.events.count(frame)
+        start, end = self._span(frame)
+        device = column(frame, "device")
+        stream = column(frame, "stream")
         # Kineto draws GPU rows with pid = device and tid = stream: fill what args lack from them
         if device.null_count():
-            device = device.fill_null(_as_int(list(map(_PID, events)), "p"))
+            device = device.fill_null(column(frame, "pid"))
         if stream.null_count():
-            stream = stream.fill_null(_as_int(list(map(_TID, events)), "t"))
+            stream = stream.fill_null(column(frame, "tid"))
         columns = {
             "start": start, "end": end, "device": device, "stream": stream,
-            "correlation": _as_int(list(map(_CORRELATION, args)), "correlation"),
-            "name": _as_text(list(map(_NAME, events)), "name"),
-            "_kind": pl.Series("_kind", [None] * len(rows), dtype=STR),
-            "bytes": pl.Series("bytes", [None] * len(rows), dtype=I64),
-            "_sync": pl.Series("_sync", [None] * len(rows), dtype=STR),
+            "correlation": column(frame, "correlation"),
+            "name": column(frame, "name", STR),
+            "_kind": pl.Series("_kind", [None] * rows, dtype=STR),
+            "bytes": pl.Series("bytes", [None] * rows, dtype=I64),
+            "_sync": pl.Series("_sync", [None] * rows, dtype=STR),
         }
+        extra = _EXTRA_COLUMNS.get(frame, ())
         if "kind" in extra:
-            columns["_kind"] = _as_text(list(map(_KIND, args)), "_kind")
+            columns["_kind"] = column(frame, "_kind", STR)
         if "bytes" in extra:
-            columns["bytes"] = _as_int(list(map(_BYTES, args)), "bytes")
+            columns["bytes"] = column(frame, "bytes")
             negative = int((columns["bytes"] < 0).sum())
             if negative:
-                raise TraceError(self.shown, f"{negative} of {len(rows)} copy or memset events have a negative "
+                raise TraceError(self.shown, f"{negative} of {rows} copy or memset events have a negative "
                                              "size (args.bytes): no profiler writes that")
         if "cuda_sync_kind" in extra:
-            columns["_sync"] = _as_text(list(map(_SYNC_KIND, args)), "_sync")
+            columns["_sync"] = column(frame, "_sync", STR)
         df = pl.DataFrame(columns)
         if df["correlation"].null_count() and self.flow_ends is not None:
-            df = self._correlation_from_flows(df, events)
+            df = self._correlation_from_flows(df, frame)
         df = df.join(launchers, on="correlation", how="left", maintain_order="left")
         df = df.with_columns(pl.col("pid").fill_null(pl.lit(main_pid, dtype=I64)))
         missing = df["start"].null_count()
         if missing:
             raise TraceError(self.shown, f"{missing} of {df.height} GPU events have no timestamp (ts)")
+        self.events.release(frame)
         return df.with_columns((pl.col("pid") * _PID_SHIFT).alias("global_pid"))
 
-    def _flow_ends(self, rows: list[int]) -> pl.DataFrame | None:
+    def _flow_ends(self) -> pl.DataFrame | None:
         """The GPU ends of `ac2g` flows (`ph: f`, drawn at the GPU row they bind to):
         `_gpid, _gtid, start, _flow` (the correlation id), or None without any."""
-        ends = [i for i in rows if self.events[i].ph == "f"]
-        if not ends:
+        if not self.events.count("flow"):
             return None
-        start, _ = self._span(ends)
+        column = self.events.column
+        start, _ = self._span("flow")
         return pl.DataFrame({
-            "_gpid": _as_int(self._column(ends, _PID), "_gpid"), "_gtid": _as_int(self._column(ends, _TID), "_gtid"),
-            "start": start, "_flow": _as_int(self._column(ends, _ID), "_flow"),
+            "_gpid": column("flow", "pid", alias="_gpid"), "_gtid": column("flow", "tid", alias="_gtid"),
+            "start": start, "_flow": column("flow", "id", alias="_flow"),
         }).drop_nulls().unique(subset=["_gpid", "_gtid", "start"], keep="first")
 
-    def _correlation_from_flows(self, df: pl.DataFrame, events: list[_Event]) -> pl.DataFrame:
+    def _correlation_from_flows(self, df: pl.DataFrame, frame: str) -> pl.DataFrame:
         """Fill a GPU row's missing `args.correlation` from the flow that ends on it: Kineto
         draws the launch -> kernel arrow with the correlation id as the flow id."""
-        keyed = df.with_columns(_as_int(list(map(_PID, events)), "_gpid"), _as_int(list(map(_TID, events)), "_gtid"))
+        keyed = df.with_columns(self.events.column(frame, "pid", alias="_gpid"),
+                                self.events.column(frame, "tid", alias="_gtid"))
         linked = keyed.join(self.flow_ends, on=["_gpid", "_gtid", "start"], how="left", maintain_order="left")
         return linked.with_columns(pl.coalesce("correlation", "_flow").alias("correlation")).drop(
             "_gpid", "_gtid", "_flow")
@@ -741,25 +982,23 @@ class _Builder:
 
     # -- ranges ------------------------------------------------------------------------
 
-    def nvtx(self, by_cat: dict, launchers: pl.DataFrame, main_pid: int | None) -> pl.DataFrame:
-        modules = [i for i in by_cat.get("python_function", [])
-                   if isinstance(self.events[i].name, str) and self.events[i].name.startswith(MODULE_RANGE_PREFIX)]
-        cpu_rows = self._pick(by_cat, CPU_RANGE_CATS) + modules
-        cpu_domain = [self.events[i].cat for i in self._pick(by_cat, CPU_RANGE_CATS)] + ["nn.Module"] * len(modules)
+    def nvtx(self, launchers: pl.DataFrame, main_pid: int | None) -> pl.DataFrame:
+        column = self.events.column
         frames = []
-        if cpu_rows:
-            start, end = self._span(cpu_rows)
+        if self.events.count("cpu"):
+            start, end = self._span("cpu")
+            domain = [pl.Series([cat] * self.events.rows[cat], dtype=STR) for cat in CPU_RANGE_CATS]
+            domain.append(pl.Series(["nn.Module"] * self.events.rows["python_function"], dtype=STR))
             frames.append(pl.DataFrame({
                 "start": start, "end": end,
-                "pid": _as_int(self._column(cpu_rows, _PID), "pid"),
-                "tid": _as_int(self._column(cpu_rows, _TID), "tid"),
-                "event_type": pl.Series([PUSH_POP] * len(cpu_rows), dtype=I64),
-                "name": _as_text(self._column(cpu_rows, _NAME), "name"),
-                "domain": pl.Series(cpu_domain, dtype=STR),
+                "pid": column("cpu", "pid"),
+                "tid": column("cpu", "tid"),
+                "event_type": pl.Series([PUSH_POP] * start.len(), dtype=I64),
+                "name": column("cpu", "name", STR),
+                "domain": pl.concat(domain),
             }))
-        gpu_rows = self._pick(by_cat, GPU_RANGE_CATS)
-        if gpu_rows:
-            gpu = self.gpu_rows(gpu_rows, launchers, main_pid)
+        if self.events.count("gpu_range"):
+            gpu = self.gpu_rows("gpu_range", launchers, main_pid)
             # a GPU annotation has no launching call: it belongs to the process that annotated
             frames.append(gpu.select(
                 "start", "end", pl.lit(main_pid, dtype=I64).alias("pid"), pl.col("stream").alias("tid"),

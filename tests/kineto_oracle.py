@@ -1,0 +1,813 @@
+"""The whole-document Kineto reader as it was before the streaming reader (commit 9b17305),
+kept unchanged as the oracle of tests/test_kineto_stream.py: the streaming reader must give the
+same frames on every sample and real trace.
+
+Read a PyTorch profiler (Kineto) Chrome trace, plain `.json` or gzip, into a `Trace`.
+
+What a Kineto trace holds and where it lands in the Trace:
+
+* ``cat: kernel`` -> `kernels` (device, stream and correlation from `args`);
+  ``gpu_memcpy`` -> `memcpys` (kind from the name ``Memcpy HtoD (Pinned -> Device)``, else
+  `args.kind`), ``gpu_memset`` -> `memsets`, ``cuda_sync`` -> `syncs`.
+* ``cuda_runtime`` and ``cuda_driver`` -> `api_calls`, CUDA and HIP names alike
+  (`hipLaunchKernel`, `hipExtModuleLaunchKernel`, `hipGraphLaunch`, ...), classified into the
+  same kinds as an nsys export.
+* ``user_annotation``, ``cpu_op`` and the ``nn.Module: X_n`` ranges of `with_modules` traces
+  -> `nvtx` as push/pop ranges of their thread (domain = the Kineto category), so step
+  detection (vLLM's ``execute_context_..._generation_...``, SGLang's ``step[DECODE bs=32]``)
+  and NVTX projection see them; ``gpu_user_annotation`` as start/end ranges of the stream.
+* ``deviceProperties`` -> `devices`; ``distributedInfo`` -> `meta.rank`, `meta.world_size`.
+
+Process ids: Kineto writes GPU rows with the device as `pid` and the stream as `tid`. Each GPU
+row takes the process of the call that launched it (by correlation id), so that a row and its
+launching call join on `(pid, correlation)` as in an nsys export; ids are packed like nsys's
+`globalTid` (`pid << 24 | tid`). A GPU row without `args.correlation` takes the id of the
+`ac2g` flow that ends on it (Kineto's launch -> kernel arrow carries the correlation id).
+
+CUDA/HIP graphs: a replayed kernel carries the correlation id of the `cudaGraphLaunch` /
+`hipGraphLaunch` that replayed it (Kineto has no node ids). Such rows get a node id: the graph
+(`graph_id`, one per distinct sequence of node names) and the position of the row in its
+replay, ``graph_id << 20 | position``. So replays are counted by the same machinery as
+`--cuda-graph-trace=node` exports, and the same node of two replays has the same id.
+
+Timestamps are microseconds with up to three decimals (`ts`, `dur`), whatever
+`displayTimeUnit` says: libkineto formats every time as ``<ns / 1000>.<ns % 1000>`` and
+`displayTimeUnit: "ns"` only tells the viewer how to show them; they are relative to
+`baseTimeNanoseconds` in recent traces, which is left out (all files of one run share it).
+They become integer nanoseconds without losing a digit: the integer and fractional parts
+are converted apart, and where a double cannot hold the decimal text to the nanosecond
+(non-integer values at or above 2**43 µs, e.g. epoch microseconds with decimals), the numbers
+are read again as text.
+
+Parsing uses msgspec with typed structs (about 2.5x the standard library's speed on real
+traces, docs/performance.md): only the fields used are materialized, the rest of each event
+is skipped by the decoder. Anything wrong with the input is a `TraceError` naming the file.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import zlib
+from collections import defaultdict
+from itertools import repeat
+from operator import attrgetter, is_
+from pathlib import Path
+from typing import Any, Union
+
+import msgspec
+import polars as pl
+
+from nsys_ledger.errors import TraceError
+from nsys_ledger.safety import MAX_JSON_BYTES, inflate_bounded, inflate_limit, read_bounded, read_head
+from nsys_ledger.trace.model import FRAME_SCHEMAS, Trace, TraceMeta, empty_frame
+
+__all__ = ["load_kineto", "load_kineto_capture", "is_kineto_file", "KINETO_VERSION_SOURCE"]
+
+KINETO_VERSION_SOURCE = "kineto"
+GZIP_MAGIC = b"\x1f\x8b"
+
+I64 = pl.Int64
+STR = pl.Utf8
+_PID_SHIFT = 1 << 24
+_LOW24 = 0xFFFFFF
+# Above 2**43 µs a double's spacing exceeds 1 ns: the decimal text must be read exactly.
+_EXACT_FLOAT_LIMIT_US = float(2**43)
+_MAX_TIME_US = 9 * 10**15  # 285 years: larger times (or their ns) do not fit an int64 ns column
+GRAPH_ID_SHIFT = 20  # graph_node_id = graph_id << 20 | position in the replay
+# A Kineto replay has no record of where its graph kernels were captured (nsys has node rows).
+CAPTURE_HINT = (
+    "{kernels} kernels were replayed from CUDA/HIP graphs: the trace does not say which module or layer "
+    "captured them; give the capture traces (SGLang --enable-profile-cuda-graph, vLLM) with --capture"
+)
+
+# The categories that carry GPU work, host calls and ranges; every other category is ignored.
+KERNEL_CATS = ("kernel",)
+MEMCPY_CATS = ("gpu_memcpy", "Memcpy")
+MEMSET_CATS = ("gpu_memset", "Memset")
+SYNC_CATS = ("cuda_sync",)
+RUNTIME_CATS = ("cuda_runtime", "Runtime")
+DRIVER_CATS = ("cuda_driver",)
+CPU_RANGE_CATS = ("user_annotation", "cpu_op")
+GPU_RANGE_CATS = ("gpu_user_annotation",)
+MODULE_RANGE_PREFIX = "nn.Module: "  # python_function events of with_modules traces
+PUSH_POP, START_END = 59, 60
+
+# API kinds (trace.model.API_KINDS) of CUDA runtime/driver and HIP names; first match wins.
+_API_KIND_PATTERNS: tuple[tuple[str, str], ...] = (
+    ("kernel_launch",
+     r"^(?:cudaLaunchKernel|cudaLaunchCooperativeKernel|cuLaunchKernel|cuLaunchCooperativeKernel|cuLaunchGrid"
+     r"|hipLaunchKernel|hipLaunchCooperativeKernel|hipModuleLaunchKernel|hipExtModuleLaunchKernel"
+     r"|hipExtLaunchKernel|hipModuleLaunchCooperativeKernel|hipHccModuleLaunchKernel)"
+     r"|^(?:cudaLaunch|cuLaunch|hipLaunch)(?:_pt[sd]z)?$"),
+    ("graph_launch", r"^(?:cudaGraphLaunch|cuGraphLaunch|hipGraphLaunch)"),
+    ("memcpy", r"^(?:cudaMemcpy|cuMemcpy|hipMemcpy)"),
+    ("memset", r"^(?:cudaMemset|cuMemset|hipMemset)"),
+    ("sync", r"^(?:cu|hip)\w*Synchronize|^(?:cudaStreamWaitEvent|cuStreamWaitEvent|hipStreamWaitEvent)"),
+    ("graph_capture",
+     r"^(?:cudaStreamBeginCapture|cudaStreamEndCapture|cudaGraphInstantiate|cuStreamBeginCapture"
+     r"|cuStreamEndCapture|cuGraphInstantiate|hipStreamBeginCapture|hipStreamEndCapture|hipGraphInstantiate)"),
+)
+_VERSION_SUFFIX = r"_v\d+$"
+
+# "Memcpy HtoD (Pinned -> Device)", "Memcpy DtoH (Device -> Host)", "Memcpy DtoD (Device -> Device)"
+_MEMCPY_NAME = r"^Memcpy\s+(\w+)(?:\s*\((\w+)\s*->\s*(\w+)\))?"
+_COPY_KINDS = ("HtoD", "DtoH", "DtoD", "HtoH", "PtoP", "HtoA", "AtoH", "AtoA", "AtoD", "DtoA")
+_SYNC_KINDS = {
+    "event sync": "Event sync", "stream sync": "Stream sync", "context sync": "Context sync",
+    "stream wait event": "Stream wait event",
+}
+
+
+# ---------------------------------------------------------------------------------------
+# The decoder's view of an event: only these fields are built, the rest is skipped. The
+# structs are not tracked by the cyclic GC (`gc=False`: decoded JSON holds no cycles), which
+# keeps millions of events from triggering collections while they are built.
+# ---------------------------------------------------------------------------------------
+
+_Number = Union[int, float, str, None]  # a few writers quote numbers
+
+
+class _Args(msgspec.Struct, gc=False):
+    # every number may also come quoted ("bytes": "4096" on HIP runtime calls)
+    correlation: _Number = None
+    device: _Number = None
+    stream: _Number = None
+    kind: _Number = None
+    bytes: _Number = None
+    external_id: _Number = msgspec.field(name="External id", default=None)
+    kernel: Any = None  # launches recorded during stream capture name their kernel
+    cuda_sync_kind: Any = None
+    name: Any = None  # process_name / thread_name metadata
+
+
+class _Event(msgspec.Struct, gc=False):
+    ph: Any = None
+    cat: Union[str, None] = None  # another type sends the document down the generic path
+    name: Any = None
+    pid: Union[int, str, None] = None
+    tid: Union[int, str, None] = None
+    ts: _Number = None
+    dur: _Number = None
+    args: Union[_Args, None] = None
+    id: _Number = None  # flow events (`ac2g`): the correlation id they link
+
+
+_NO_ARGS = _Args()
+# Field getters: `map` with attrgetter builds a column about twice as fast as a comprehension.
+_CAT, _ID = attrgetter("cat"), attrgetter("id")
+_ARGS, _PID, _TID, _NAME, _TS, _DUR = (attrgetter(f) for f in ("args", "pid", "tid", "name", "ts", "dur"))
+_DEVICE, _STREAM, _CORRELATION, _KIND, _BYTES, _SYNC_KIND = (
+    attrgetter(f) for f in ("device", "stream", "correlation", "kind", "bytes", "cuda_sync_kind")
+)
+
+
+class _RawTimes(msgspec.Struct, gc=False):
+    ts: msgspec.Raw = msgspec.Raw()  # empty when the event has none
+    dur: msgspec.Raw = msgspec.Raw()
+
+
+class _Document(msgspec.Struct, gc=False):
+    traceEvents: Union[list[_Event], None] = None
+    displayTimeUnit: Any = None
+    schemaVersion: Any = None
+    deviceProperties: Any = None
+    distributedInfo: Any = None
+
+
+class _RawDocument(msgspec.Struct, gc=False):
+    traceEvents: list[_RawTimes]
+
+
+# ---------------------------------------------------------------------------------------
+# Entry points
+# ---------------------------------------------------------------------------------------
+
+
+def is_kineto_file(p: Path) -> bool:
+    """A Chrome-trace JSON file: its (un-gzipped) text opens a JSON object or array, or its
+    name ends in .json / .json.gz (then the reader says what is wrong with it)."""
+    try:
+        head = read_head(p, str(p), 4096, TraceError)
+    except TraceError:
+        return False
+    if re.search(r"\.json(?:\.gz)?$", p.name, re.IGNORECASE) and not head.startswith(b"SQLite format 3\x00"):
+        return True
+    if head.startswith(GZIP_MAGIC):
+        try:
+            head = zlib.decompressobj(wbits=31).decompress(head, 64)
+        except zlib.error:
+            return False
+    return head.lstrip(b"\xef\xbb\xbf \t\r\n").startswith((b"{", b"["))
+
+
+def load_kineto(path: str | os.PathLike[str]) -> Trace:
+    """Read the Kineto/Chrome trace at `path` (plain or gzip JSON). Raises TraceError."""
+    shown = str(path)
+    data = read_json_bytes(Path(path), shown)
+    document = decode_document(data, shown)
+    events = document.traceEvents
+    if events is None:
+        raise TraceError(shown, "JSON without a traceEvents list: not a PyTorch profiler / Chrome trace")
+    return _build(_Builder(shown, document, data), events)
+
+
+def _build(builder: "_Builder", events: list[_Event]) -> Trace:
+    try:
+        return builder.build(events)
+    except _OutOfRange as exc:
+        raise TraceError(builder.shown, f"{exc.field} value {str(exc.value)[:40]} does not fit 64 bits: "
+                                        "no profiler writes it (damaged or hand-made trace)") from None
+
+
+def load_kineto_capture(path: str | os.PathLike[str]) -> tuple[Trace, pl.DataFrame]:
+    """A capture trace (SGLang `--enable-profile-cuda-graph`, vLLM's capture profile) and the
+    kernel each recorded launch call names in `args.kernel` (ROCm writes it; CUPTI does not):
+    `pid, correlation, kernel`, one row per call that names one."""
+    shown = str(path)
+    data = read_json_bytes(Path(path), shown)
+    document = decode_document(data, shown)
+    if document.traceEvents is None:
+        raise TraceError(shown, "JSON without a traceEvents list: not a PyTorch profiler / Chrome trace")
+    builder = _Builder(shown, document, data)
+    trace = _build(builder, document.traceEvents)
+    return trace, builder.launch_kernels
+
+
+def read_json_bytes(p: Path, shown: str) -> bytes:
+    """The JSON text of `p`, un-gzipped when it is gzip data (by its magic, not its name).
+
+    Bounded (`nsys_ledger.safety`): the file is refused unless regular, and gzip is inflated
+    in chunks up to `inflate_limit` of its compressed size, so a gzip bomb is refused early."""
+    raw = read_bounded(p, shown, MAX_JSON_BYTES, "a profiler trace", TraceError)
+    if not raw:
+        raise TraceError(shown, "empty file")
+    if not raw.startswith(GZIP_MAGIC):
+        return raw
+    return inflate_bounded(raw, shown, inflate_limit(len(raw)), TraceError)
+
+
+def decode_document(data: bytes, shown: str) -> _Document:
+    """The typed document; a field of an unexpected type falls back to the generic decoder."""
+    try:
+        return msgspec.json.decode(data, type=_Document)
+    except RecursionError:
+        raise TraceError(shown, "JSON nested too deeply: not a profiler trace") from None
+    except msgspec.ValidationError:
+        pass  # valid JSON, unusual types somewhere: the slower generic path below
+    except msgspec.DecodeError as exc:
+        raise TraceError(shown, f"not valid JSON ({_first_line(exc)})") from None
+    try:
+        generic = msgspec.json.decode(data)
+    except RecursionError:
+        raise TraceError(shown, "JSON nested too deeply: not a profiler trace") from None
+    except msgspec.DecodeError as exc:
+        raise TraceError(shown, f"not valid JSON ({_first_line(exc)})") from None
+    if isinstance(generic, list):  # the Chrome trace format also allows a bare event array
+        generic = {"traceEvents": generic}
+    if not isinstance(generic, dict):
+        raise TraceError(shown, "JSON that is not an object: not a PyTorch profiler / Chrome trace")
+    events = generic.get("traceEvents")
+    if events is not None and not isinstance(events, list):
+        raise TraceError(shown, "traceEvents is not a list")
+    if events and not any(isinstance(e, dict) for e in events):
+        raise TraceError(shown, "traceEvents holds no event objects: not a PyTorch profiler (Kineto) trace")
+    return _Document(
+        traceEvents=None if events is None else [_event_from_dict(e) for e in events if isinstance(e, dict)],
+        displayTimeUnit=generic.get("displayTimeUnit"),
+        schemaVersion=generic.get("schemaVersion"),
+        deviceProperties=generic.get("deviceProperties"),
+        distributedInfo=generic.get("distributedInfo"),
+    )
+
+
+def _event_from_dict(event: dict) -> _Event:
+    args = event.get("args")
+    parsed_args = None
+    if isinstance(args, dict):
+        parsed_args = _Args(
+            correlation=_scalar(args.get("correlation")), device=_scalar(args.get("device")),
+            stream=_scalar(args.get("stream")), kind=_scalar(args.get("kind")), bytes=_scalar(args.get("bytes")),
+            external_id=_scalar(args.get("External id")), kernel=_text(args.get("kernel")),
+            cuda_sync_kind=_text(args.get("cuda_sync_kind")), name=args.get("name"),
+        )
+    return _Event(
+        ph=_text(event.get("ph")), cat=_text(event.get("cat")), name=event.get("name"),
+        pid=_scalar(event.get("pid")), tid=_scalar(event.get("tid")),
+        ts=_scalar(event.get("ts")), dur=_scalar(event.get("dur")), args=parsed_args, id=_scalar(event.get("id")),
+    )
+
+
+def _scalar(value: Any) -> Any:
+    return value if isinstance(value, (int, float, str)) and not isinstance(value, bool) else None
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _raw_number(raw: msgspec.Raw) -> str | None:
+    """The text of a JSON number (or quoted number); None for an absent field or null."""
+    text = bytes(raw).decode("utf-8", errors="replace").strip().strip('"')
+    return text if text and text != "null" else None
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+# ---------------------------------------------------------------------------------------
+# Column helpers
+# ---------------------------------------------------------------------------------------
+
+
+class _OutOfRange(Exception):
+    """An id, count or size a profiler cannot write: it does not fit 64 bits."""
+
+    def __init__(self, field: str, value: Any):
+        super().__init__(field, value)
+        self.field, self.value = _FIELD_NAMES.get(field, field), value
+
+
+# _as_int's column names -> the JSON field they come from
+_FIELD_NAMES = {"c": "args.correlation", "correlation": "args.correlation", "p": "pid", "t": "tid",
+                "_gpid": "pid", "_gtid": "tid", "_flow": "id", "bytes": "args.bytes", "device": "args.device",
+                "stream": "args.stream"}
+_INT64 = 1 << 63
+
+
+def _first_out_of_range(values: list) -> Any:
+    """The first value that is a number (or numeric text) outside the signed 64-bit range."""
+    for value in values:
+        if isinstance(value, int):
+            if not -_INT64 <= value < _INT64:
+                return value
+        elif isinstance(value, float):
+            if value != value or abs(value) >= _INT64:
+                return value
+        elif isinstance(value, str):
+            text = value.strip()
+            try:
+                number = int(text) if text.lstrip("+-").isdigit() else float(text)
+            except ValueError:
+                continue
+            if isinstance(number, int) and not -_INT64 <= number < _INT64 or \
+                    isinstance(number, float) and (number != number or abs(number) >= _INT64):
+                return value
+    return None
+
+
+def _as_int(values: list, name: str) -> pl.Series:
+    """Integers from JSON numbers or numeric strings; anything else null.
+
+    Raises _OutOfRange for a number past 64 bits (polars would make it null, or a float)."""
+    try:
+        return pl.Series(name, values, dtype=I64, strict=True)  # the usual case: plain ints
+    except (TypeError, ValueError, OverflowError, pl.exceptions.PolarsError):
+        pass
+    bad = _first_out_of_range(values)
+    if bad is not None:
+        raise _OutOfRange(name, bad)
+    try:
+        series = pl.Series(name, values, strict=False)
+    except (TypeError, ValueError, OverflowError, pl.exceptions.PolarsError):
+        series = pl.Series(name, [str(v) if v is not None else None for v in values], dtype=STR)
+    if series.dtype == STR:
+        return series.str.strip_chars().cast(I64, strict=False)
+    if series.dtype.is_float():
+        return series.round().cast(I64, strict=False)
+    if series.dtype.is_integer() or series.dtype == pl.Null:
+        return series.cast(I64, strict=False)
+    return series.cast(STR, strict=False).cast(I64, strict=False)
+
+
+def _as_text(values: list, name: str) -> pl.Series:
+    """Text from JSON strings; a number or anything else becomes its text, null stays null."""
+    try:
+        return pl.Series(name, values, dtype=STR, strict=True)
+    except (TypeError, ValueError, OverflowError, pl.exceptions.PolarsError):  # 2**128 as a name
+        return pl.Series(name, [v if isinstance(v, str) else (None if v is None else str(v)) for v in values],
+                         dtype=STR)
+
+
+def decimal_text_to_ns(text: pl.Series, unit_ns: int) -> pl.Series:
+    """Exact integer ns of decimal numbers given as text ("4909914216204.635"), in `unit_ns`."""
+    digits = len(str(unit_ns)) - 1  # 3 for µs, 0 for ns
+    frame = pl.DataFrame({"t": text.str.strip_chars().str.strip_chars('"')})
+    unsigned = pl.col("t").str.strip_prefix("-")
+    parts = unsigned.str.split_exact(".", 1)
+    whole = parts.struct.field("field_0").cast(I64, strict=False)
+    whole = pl.when(whole.abs() < _MAX_TIME_US).then(whole)  # beyond int64 ns: a damaged time
+    fraction = (
+        parts.struct.field("field_1").fill_null("").str.slice(0, digits).str.pad_end(digits, "0")
+        .cast(I64, strict=False).fill_null(0)
+        if digits else pl.lit(0, I64)
+    )
+    sign = pl.when(pl.col("t").str.starts_with("-")).then(-1).otherwise(1)
+    return frame.select((sign * (whole * unit_ns + fraction)).alias(text.name)).to_series()
+
+
+def float_to_ns(values: pl.Series, unit_ns: int) -> pl.Series:
+    """Integer ns of float times in `unit_ns` units: whole and fraction converted apart, so no
+    product of a 16-digit value with 1000 is ever rounded (exact below 2**43 µs)."""
+    values = values.cast(pl.Float64)
+    values = values.set(values.abs() >= _MAX_TIME_US, None)  # beyond int64 ns: a damaged time
+    whole = values.floor()
+    fraction = values - whole
+    return (whole.cast(I64) * unit_ns + (fraction * unit_ns).round().cast(I64)).rename(values.name)
+
+
+def _classify_api(names: pl.Series) -> pl.DataFrame:
+    """`_raw, name, kind` for each distinct raw API name (the regexes run once per name)."""
+    distinct = pl.DataFrame({"_raw": names.unique().drop_nulls()})
+    kind = pl.when(pl.lit(False)).then(pl.lit(None, dtype=STR))
+    for label, pattern in _API_KIND_PATTERNS:
+        kind = kind.when(pl.col("name").str.contains(pattern)).then(pl.lit(label))
+    return distinct.with_columns(pl.col("_raw").str.replace(_VERSION_SUFFIX, "").alias("name")).with_columns(
+        kind.otherwise(pl.lit("other")).alias("kind")
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Building the Trace
+# ---------------------------------------------------------------------------------------
+
+
+class _Builder:
+    def __init__(self, shown: str, document: _Document, data: bytes):
+        self.shown = shown
+        self.document = document
+        self.data = data
+        self.warnings: list[str] = []
+        self.unit_ns = 1000  # µs (see the module docstring)
+        self._exact: tuple[pl.Series, pl.Series] | None = None  # every event's times, read as text
+
+    def build(self, events: list[_Event]) -> Trace:
+        by_cat: dict[str | None, list[int]] = defaultdict(list)
+        for index, cat in enumerate(map(_CAT, events)):
+            by_cat[cat].append(index)
+        self.events = events
+        gpu_cats = (*KERNEL_CATS, *MEMCPY_CATS, *MEMSET_CATS, *SYNC_CATS, *GPU_RANGE_CATS)
+        if not any(by_cat.get(c) for c in (*gpu_cats, *RUNTIME_CATS, *DRIVER_CATS, *CPU_RANGE_CATS)):
+            if not events:
+                raise TraceError(self.shown, "the trace holds no events (empty traceEvents)")
+            raise TraceError(
+                self.shown,
+                "no kernel, CUDA runtime, cpu_op or annotation events: not a PyTorch profiler (Kineto) trace",
+            )
+
+        api_calls = self.api_calls(self._pick(by_cat, RUNTIME_CATS), self._pick(by_cat, DRIVER_CATS))
+        self.launch_kernels = self.named_launch_kernels(self._pick(by_cat, RUNTIME_CATS + DRIVER_CATS))
+        launchers = api_calls.select("pid", "correlation").drop_nulls().unique(subset=["correlation"], keep="first")
+        self.flow_ends = self._flow_ends(by_cat.get("ac2g", []))
+        main_pid = self._main_pid(api_calls, by_cat)
+        kernels = self.gpu_rows(self._pick(by_cat, KERNEL_CATS), launchers, main_pid)
+        memcpys = self.gpu_rows(self._pick(by_cat, MEMCPY_CATS), launchers, main_pid, ("kind", "bytes"))
+        memsets = self.gpu_rows(self._pick(by_cat, MEMSET_CATS), launchers, main_pid, ("bytes",))
+        syncs = self.gpu_rows(self._pick(by_cat, SYNC_CATS), launchers, main_pid, ("cuda_sync_kind",))
+        if kernels.height == 0:
+            self.warnings.append("the trace has no kernel events (was the profiler run with CUDA activities?)")
+
+        kernels, memcpys, memsets = self.graph_nodes_of_replays(kernels, memcpys, memsets, api_calls)
+        frames = {
+            "kernels": self.kernels(kernels),
+            "api_calls": api_calls,
+            "memcpys": self.memcpys(memcpys),
+            "memsets": self.memsets(memsets),
+            "syncs": self.syncs(syncs),
+            "nvtx": self.nvtx(by_cat, launchers, main_pid),
+            "devices": self.devices(kernels, memcpys, memsets),
+        }
+        for kind, df in frames.items():
+            frames[kind] = df.select(list(FRAME_SCHEMAS[kind])).cast(FRAME_SCHEMAS[kind])
+        graph_kernels = int(frames["kernels"]["graph_node_id"].is_not_null().sum())
+        if graph_kernels:
+            self.warnings.append(CAPTURE_HINT.format(kernels=graph_kernels))
+        rank, world_size = self._distributed()
+        meta = TraceMeta(
+            nsys_version=None,
+            schema_version=None if self.document.schemaVersion is None else str(self.document.schemaVersion),
+            version_source=KINETO_VERSION_SOURCE,
+            cuda_graph_trace="node" if graph_kernels else None,
+            warnings=tuple(self.warnings),
+            rank=rank,
+            world_size=world_size,
+        )
+        return Trace(path=self.shown, meta=meta, **frames)
+
+    @staticmethod
+    def _pick(by_cat: dict, cats: tuple[str, ...]) -> list[int]:
+        picked: list[int] = []
+        for cat in cats:
+            picked += by_cat.get(cat, [])
+        return picked
+
+    # -- times -------------------------------------------------------------------------
+
+    def _to_ns(self, series: pl.Series) -> pl.Series:
+        if series.dtype == STR or series.dtype == pl.Object:
+            return decimal_text_to_ns(series.cast(STR), self.unit_ns)
+        if series.dtype.is_integer() or series.dtype == pl.Null:
+            series = series.cast(I64, strict=False)
+            return series.set(series.abs() >= _MAX_TIME_US, None) * self.unit_ns
+        return float_to_ns(series, self.unit_ns)
+
+    def _needs_exact_text(self, ts: pl.Series) -> bool:
+        """Whether some decimal number may have lost digits as a double: a non-integer literal
+        (the decoder gives integer literals as int) at or above 2**43 µs, where a double's
+        spacing exceeds half a nanosecond (at 1.7e15 µs, epoch time, it is a quarter µs)."""
+        if not ts.dtype.is_float():
+            return False
+        return bool((ts.abs() >= _EXACT_FLOAT_LIMIT_US).any())
+
+    def _exact_times(self, count: int) -> tuple[pl.Series, pl.Series]:
+        raw = msgspec.json.decode(self.data, type=_RawDocument).traceEvents
+        if len(raw) != count:  # the generic path dropped non-object entries: cannot pair them up
+            raise TraceError(self.shown, "traceEvents holds entries that are not objects")
+        ts = pl.Series("ts", [_raw_number(r.ts) for r in raw], dtype=STR)
+        dur = pl.Series("dur", [_raw_number(r.dur) for r in raw], dtype=STR)
+        return decimal_text_to_ns(ts, self.unit_ns), decimal_text_to_ns(dur, self.unit_ns)
+
+    def _span(self, rows: list[int]) -> tuple[pl.Series, pl.Series]:
+        """Start and end in integer ns of the events at `rows`. Only the events a frame uses are
+        converted (a `with_stack` trace holds ten times as many python_function events); each
+        set is checked on its own for values a double cannot hold to the nanosecond."""
+        events = self._events(rows)
+        ts = pl.Series("ts", list(map(_TS, events)), strict=False)
+        if self._needs_exact_text(ts):
+            if self._exact is None:
+                self._exact = self._exact_times(len(self.events))
+            index = pl.Series(rows, dtype=pl.UInt32)
+            start, duration = self._exact[0].gather(index), self._exact[1].gather(index)
+        else:
+            start = self._to_ns(ts)
+            duration = self._to_ns(pl.Series("dur", list(map(_DUR, events)), strict=False))
+        negative = int((duration < 0).sum())
+        if negative:
+            raise TraceError(self.shown, f"{negative} of {len(rows)} events have a negative duration (dur): "
+                                         "no profiler writes that (damaged or hand-made trace)")
+        start = start.alias("start")
+        return start, (start + duration.fill_null(0)).alias("end")
+
+    def _column(self, rows: list[int], getter) -> list:
+        return list(map(getter, self._events(rows)))
+
+    def _events(self, rows: list[int]) -> list[_Event]:
+        return list(map(self.events.__getitem__, rows))
+
+    # -- host side ---------------------------------------------------------------------
+
+    def api_calls(self, runtime: list[int], driver: list[int]) -> pl.DataFrame:
+        rows = runtime + driver
+        if not rows:
+            return empty_frame("api_calls")
+        start, end = self._span(rows)
+        pid = _as_int(self._column(rows, _PID), "pid")
+        tid = _as_int(self._column(rows, _TID), "tid")
+        df = pl.DataFrame({
+            "start": start, "end": end, "pid": pid, "tid": tid,
+            "correlation": _as_int([a.correlation if a is not None else None for a in self._column(rows, _ARGS)], "c"),
+            "_raw": _as_text(self._column(rows, _NAME), "_raw"),
+            "event_class": pl.Series([0] * len(runtime) + [1] * len(driver), dtype=I64),
+        })
+        names = _classify_api(df["_raw"])
+        df = df.join(names, on="_raw", how="left", maintain_order="left")
+        return df.with_columns(
+            pl.col("kind").fill_null("other"),
+            ((pl.col("pid") & _LOW24) * _PID_SHIFT + (pl.col("tid") & _LOW24)).alias("global_tid"),
+        ).sort("start", maintain_order=True)
+
+    def named_launch_kernels(self, rows: list[int]) -> pl.DataFrame:
+        """`pid, correlation, kernel` of the launch calls whose args name their kernel."""
+        named = [i for i in rows if self.events[i].args is not None and isinstance(self.events[i].args.kernel, str)]
+        return pl.DataFrame({
+            "pid": _as_int(self._column(named, _PID), "pid"),
+            "correlation": _as_int(self._column(named, lambda e: e.args.correlation), "correlation"),
+            "kernel": pl.Series("kernel", self._column(named, lambda e: e.args.kernel), dtype=STR),
+        }, schema={"pid": I64, "correlation": I64, "kernel": STR})
+
+    def _main_pid(self, api_calls: pl.DataFrame, by_cat: dict) -> int | None:
+        """The process that made the most API calls (else the most ranges): GPU rows whose
+        launching call was not recorded are given to it."""
+        if api_calls.height:
+            counts = api_calls.group_by("pid").len().sort(["len", "pid"], descending=[True, False])
+            return counts["pid"][0]
+        rows = self._pick(by_cat, CPU_RANGE_CATS)
+        pids = _as_int(self._column(rows, _PID), "pid").drop_nulls()
+        return pids.mode().sort()[0] if pids.len() else None
+
+    # -- GPU side ----------------------------------------------------------------------
+
+    def gpu_rows(
+        self, rows: list[int], launchers: pl.DataFrame, main_pid: int | None, extra: tuple[str, ...] = ()
+    ) -> pl.DataFrame:
+        """Common columns of GPU rows: times, device, stream, correlation, name, launching pid;
+        and of `extra` ("kind", "bytes", "cuda_sync_kind") the ones this kind of row needs."""
+        start, end = self._span(rows)
+        events = self._events(rows)
+        args = list(map(_ARGS, events))
+        if any(map(is_, args, repeat(None))):  # by identity: `None in args` calls each struct's __eq__
+            args = [a if a is not None else _NO_ARGS for a in args]
+        device = _as_int(list(map(_DEVICE, args)), "device")
+        stream = _as_int(list(map(_STREAM, args)), "stream")
+        # Kineto draws GPU rows with pid = device and tid = stream: fill what args lack from them
+        if device.null_count():
+            device = device.fill_null(_as_int(list(map(_PID, events)), "p"))
+        if stream.null_count():
+            stream = stream.fill_null(_as_int(list(map(_TID, events)), "t"))
+        columns = {
+            "start": start, "end": end, "device": device, "stream": stream,
+            "correlation": _as_int(list(map(_CORRELATION, args)), "correlation"),
+            "name": _as_text(list(map(_NAME, events)), "name"),
+            "_kind": pl.Series("_kind", [None] * len(rows), dtype=STR),
+            "bytes": pl.Series("bytes", [None] * len(rows), dtype=I64),
+            "_sync": pl.Series("_sync", [None] * len(rows), dtype=STR),
+        }
+        if "kind" in extra:
+            columns["_kind"] = _as_text(list(map(_KIND, args)), "_kind")
+        if "bytes" in extra:
+            columns["bytes"] = _as_int(list(map(_BYTES, args)), "bytes")
+            negative = int((columns["bytes"] < 0).sum())
+            if negative:
+                raise TraceError(self.shown, f"{negative} of {len(rows)} copy or memset events have a negative "
+                                             "size (args.bytes): no profiler writes that")
+        if "cuda_sync_kind" in extra:
+            columns["_sync"] = _as_text(list(map(_SYNC_KIND, args)), "_sync")
+        df = pl.DataFrame(columns)
+        if df["correlation"].null_count() and self.flow_ends is not None:
+            df = self._correlation_from_flows(df, events)
+        df = df.join(launchers, on="correlation", how="left", maintain_order="left")
+        df = df.with_columns(pl.col("pid").fill_null(pl.lit(main_pid, dtype=I64)))
+        missing = df["start"].null_count()
+        if missing:
+            raise TraceError(self.shown, f"{missing} of {df.height} GPU events have no timestamp (ts)")
+        return df.with_columns((pl.col("pid") * _PID_SHIFT).alias("global_pid"))
+
+    def _flow_ends(self, rows: list[int]) -> pl.DataFrame | None:
+        """The GPU ends of `ac2g` flows (`ph: f`, drawn at the GPU row they bind to):
+        `_gpid, _gtid, start, _flow` (the correlation id), or None without any."""
+        ends = [i for i in rows if self.events[i].ph == "f"]
+        if not ends:
+            return None
+        start, _ = self._span(ends)
+        return pl.DataFrame({
+            "_gpid": _as_int(self._column(ends, _PID), "_gpid"), "_gtid": _as_int(self._column(ends, _TID), "_gtid"),
+            "start": start, "_flow": _as_int(self._column(ends, _ID), "_flow"),
+        }).drop_nulls().unique(subset=["_gpid", "_gtid", "start"], keep="first")
+
+    def _correlation_from_flows(self, df: pl.DataFrame, events: list[_Event]) -> pl.DataFrame:
+        """Fill a GPU row's missing `args.correlation` from the flow that ends on it: Kineto
+        draws the launch -> kernel arrow with the correlation id as the flow id."""
+        keyed = df.with_columns(_as_int(list(map(_PID, events)), "_gpid"), _as_int(list(map(_TID, events)), "_gtid"))
+        linked = keyed.join(self.flow_ends, on=["_gpid", "_gtid", "start"], how="left", maintain_order="left")
+        return linked.with_columns(pl.coalesce("correlation", "_flow").alias("correlation")).drop(
+            "_gpid", "_gtid", "_flow")
+
+    def graph_nodes_of_replays(
+        self, kernels: pl.DataFrame, memcpys: pl.DataFrame, memsets: pl.DataFrame, api_calls: pl.DataFrame
+    ) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+        """`graph_id` and `graph_node_id` for the rows that share a graph launch's correlation."""
+        launches = api_calls.filter(pl.col("kind") == "graph_launch").select("pid", "correlation").drop_nulls()
+        frames = {"kernel": kernels, "memcpy": memcpys, "memset": memsets}
+        rows = pl.concat([
+            df.with_row_index("_row").select("_row", pl.lit(kind).alias("_frame"), "pid", "correlation", "start",
+                                             "name")
+            for kind, df in frames.items()
+        ])
+        nodes = rows.join(launches, on=["pid", "correlation"], how="semi")
+        if nodes.height == 0:
+            return tuple(  # type: ignore[return-value]
+                df.with_columns(pl.lit(None, I64).alias("graph_id"), pl.lit(None, I64).alias("graph_node_id"))
+                for df in frames.values()
+            )
+        nodes = nodes.sort("pid", "correlation", "start", "_frame", "_row").with_columns(
+            pl.int_range(pl.len()).over("pid", "correlation").cast(I64).alias("_position")
+        )
+        # one graph per distinct node sequence: the same id for every replay of one graph
+        # a 64-bit hash of the ordered name sequence: joining 2000 names per replay into one
+        # string cost 2 s at 1M kernels
+        signatures = nodes.group_by("pid", "correlation", maintain_order=True).agg(
+            pl.col("name").fill_null("").hash().alias("_sequence"),
+            pl.col("start").min().alias("_first"),
+        ).with_columns(pl.col("_sequence").hash())
+        graphs = (
+            signatures.group_by("pid", "_sequence").agg(pl.col("_first").min())
+            .sort("pid", "_first")
+            .with_columns(pl.int_range(1, pl.len() + 1).over("pid").cast(I64).alias("graph_id"))
+        )
+        signatures = signatures.join(graphs.select("pid", "_sequence", "graph_id"), on=["pid", "_sequence"])
+        nodes = nodes.join(signatures.select("pid", "correlation", "graph_id"), on=["pid", "correlation"]).with_columns(
+            (pl.col("graph_id") * (1 << GRAPH_ID_SHIFT) + pl.col("_position")).alias("graph_node_id")
+        )
+        result = []
+        for kind, df in frames.items():
+            ids = nodes.filter(pl.col("_frame") == kind).select("_row", "graph_id", "graph_node_id")
+            result.append(
+                df.with_row_index("_row").join(ids, on="_row", how="left", maintain_order="left").drop("_row")
+            )
+        return tuple(result)  # type: ignore[return-value]
+
+    def kernels(self, df: pl.DataFrame) -> pl.DataFrame:
+        if df.height == 0:
+            return empty_frame("kernels")
+        return df.with_columns(pl.col("name").alias("short_name"))
+
+    def memcpys(self, df: pl.DataFrame) -> pl.DataFrame:
+        if df.height == 0:
+            return empty_frame("memcpys")
+        parts = df["name"].str.extract_groups(_MEMCPY_NAME)
+        named_kind = parts.struct.field("1")
+        kind_arg = pl.col("_kind")
+        copy_kind = (
+            pl.when(pl.col("_named").is_in(_COPY_KINDS)).then(pl.col("_named"))
+            .when(kind_arg.is_in(_COPY_KINDS)).then(kind_arg)
+            .otherwise(pl.coalesce(pl.col("_named"), kind_arg, pl.lit("Unknown")))
+        )
+        return df.with_columns(
+            named_kind.alias("_named"), parts.struct.field("2").alias("src_kind"),
+            parts.struct.field("3").alias("dst_kind"),
+        ).with_columns(copy_kind.alias("copy_kind"))
+
+    def memsets(self, df: pl.DataFrame) -> pl.DataFrame:
+        if df.height == 0:
+            return empty_frame("memsets")
+        mem_kind = df["name"].str.extract(r"\((\w+)\)", 1)
+        return df.with_columns(mem_kind.alias("mem_kind"))
+
+    def syncs(self, df: pl.DataFrame) -> pl.DataFrame:
+        if df.height == 0:
+            return empty_frame("syncs")
+        label = pl.coalesce("_sync", "name").str.to_lowercase().str.strip_chars()
+        return df.with_columns(
+            label.replace_strict(_SYNC_KINDS, default="Unknown", return_dtype=STR).alias("sync_type")
+        )
+
+    # -- ranges ------------------------------------------------------------------------
+
+    def nvtx(self, by_cat: dict, launchers: pl.DataFrame, main_pid: int | None) -> pl.DataFrame:
+        modules = [i for i in by_cat.get("python_function", [])
+                   if isinstance(self.events[i].name, str) and self.events[i].name.startswith(MODULE_RANGE_PREFIX)]
+        cpu_rows = self._pick(by_cat, CPU_RANGE_CATS) + modules
+        cpu_domain = [self.events[i].cat for i in self._pick(by_cat, CPU_RANGE_CATS)] + ["nn.Module"] * len(modules)
+        frames = []
+        if cpu_rows:
+            start, end = self._span(cpu_rows)
+            frames.append(pl.DataFrame({
+                "start": start, "end": end,
+                "pid": _as_int(self._column(cpu_rows, _PID), "pid"),
+                "tid": _as_int(self._column(cpu_rows, _TID), "tid"),
+                "event_type": pl.Series([PUSH_POP] * len(cpu_rows), dtype=I64),
+                "name": _as_text(self._column(cpu_rows, _NAME), "name"),
+                "domain": pl.Series(cpu_domain, dtype=STR),
+            }))
+        gpu_rows = self._pick(by_cat, GPU_RANGE_CATS)
+        if gpu_rows:
+            gpu = self.gpu_rows(gpu_rows, launchers, main_pid)
+            # a GPU annotation has no launching call: it belongs to the process that annotated
+            frames.append(gpu.select(
+                "start", "end", pl.lit(main_pid, dtype=I64).alias("pid"), pl.col("stream").alias("tid"),
+                pl.lit(START_END, dtype=I64).alias("event_type"), "name",
+                pl.lit("gpu_user_annotation", dtype=STR).alias("domain"),
+            ))
+        if not frames:
+            return empty_frame("nvtx")
+        ranges = pl.concat(frames, how="vertical_relaxed").filter(
+            pl.col("pid").is_not_null() & pl.col("tid").is_not_null() & pl.col("start").is_not_null()
+        )
+        return ranges.with_columns(
+            ((pl.col("pid") & _LOW24) * _PID_SHIFT + (pl.col("tid") & _LOW24)).alias("global_tid"),
+            pl.lit(None, I64).alias("end_global_tid"),
+        ).sort("global_tid", "start", maintain_order=True)
+
+    # -- devices and ranks -------------------------------------------------------------
+
+    def devices(self, kernels: pl.DataFrame, memcpys: pl.DataFrame, memsets: pl.DataFrame) -> pl.DataFrame:
+        described = []
+        properties = self.document.deviceProperties
+        for entry in properties if isinstance(properties, list) else []:
+            if not isinstance(entry, dict) or not isinstance(entry.get("id"), int):
+                continue
+            major, minor = entry.get("computeMajor"), entry.get("computeMinor")
+            described.append({
+                "device": entry["id"],
+                "name": entry.get("name") if isinstance(entry.get("name"), str) and entry.get("name") else None,
+                "sm_count": entry.get("numSms") if isinstance(entry.get("numSms"), int) else None,
+                "total_memory": entry.get("totalGlobalMem") if isinstance(entry.get("totalGlobalMem"), int) else None,
+                "compute_capability": f"{major}.{minor}" if isinstance(major, int) and isinstance(minor, int) else None,
+            })
+        schema = FRAME_SCHEMAS["devices"]
+        df = pl.DataFrame(described, schema=schema) if described else pl.DataFrame(schema=schema)
+        df = df.unique(subset=["device"], keep="first", maintain_order=True)
+        used = pl.concat([f.select("device") for f in (kernels, memcpys, memsets)]).drop_nulls().unique()
+        missing = used.join(df.select("device"), on="device", how="anti")
+        if missing.height:
+            df = pl.concat([df, missing], how="diagonal")
+        return df.sort("device")
+
+    def _distributed(self) -> tuple[int | None, int | None]:
+        info = self.document.distributedInfo
+        if not isinstance(info, dict):
+            return None, None
+        rank, world = info.get("rank"), info.get("world_size")
+        return (rank if isinstance(rank, int) else None, world if isinstance(world, int) else None)
