@@ -135,8 +135,8 @@ def check_many(
     files = expand_trace_paths(path_list)
     if expectations is not None and not isinstance(expectations, Expectations):
         expectations = load_expectations(expectations)
-    if len(files) == 1:
-        return check(files[0], expectations, **options)
+    if len(files) == 1:  # the processes go to its step windows (pipeline.run)
+        return check(files[0], expectations, jobs=workers or 1, **options)
     for path in files:  # the cheap mistakes before any process starts
         if not os.path.exists(path):
             raise TraceError(path, "no such file")

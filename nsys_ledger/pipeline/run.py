@@ -1,0 +1,35 @@
+"""The windows of a plan, one after the other or in local processes (`jobs`).
+
+A worker gets one window's input (its activities with their context, and its host windows)
+and the trace without its activity tables (the stages read the calls, ranges and syncs only),
+and sends back the window's result: its steps' rows and its activities' layers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+
+from nsys_ledger.attribution.steps import Steps
+from nsys_ledger.pipeline.plan import WindowPlan
+from nsys_ledger.pipeline.window import WindowResult, WindowSettings, cut_window, run_window
+from nsys_ledger.trace import Trace
+
+ACTIVITY_TABLES = ("kernels", "memcpys", "memsets")  # what the windows carry in their own inputs
+
+
+def run_windows(trace: Trace, steps: Steps, plan: WindowPlan, settings: WindowSettings, *,
+                jobs: int = 1) -> list[WindowResult]:
+    """Every window's result, in window order."""
+    if jobs <= 1 or plan.count == 1:
+        return [run_window(trace, cut_window(steps, plan, part), settings) for part in range(plan.count)]
+    from nsys_ledger.worker import quiet_worker
+
+    light = dataclasses.replace(trace, **{name: getattr(trace, name).clear() for name in ACTIVITY_TABLES})
+    # spawn, not fork: a forked child inherits polars' thread pool locks mid-use and can hang
+    with ProcessPoolExecutor(max_workers=min(jobs, plan.count), mp_context=get_context("spawn"),
+                             initializer=quiet_worker) as pool:
+        futures = [pool.submit(run_window, light, cut_window(steps, plan, part), settings)
+                   for part in range(plan.count)]
+        return [future.result() for future in futures]
