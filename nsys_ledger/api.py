@@ -170,6 +170,7 @@ def check(
     cache: bool = True,
     window_steps: int | None = None,
     jobs: int = 1,
+    dask: str | None = None,
 ) -> Result:
     """Load the trace (and expectations), find decode steps, count, and compare.
 
@@ -178,7 +179,8 @@ def check(
     exports an `.nsys-rep` afresh instead of reusing the export kept beside it.
     `window_steps`: decode steps per window of the per-step stages (pipeline.plan; 0: the whole
     trace in one window; default DEFAULT_WINDOW_STEPS); `jobs`: windows checked at once, in
-    that many local processes. The result is the same whatever the window and the jobs.
+    that many local processes; `dask`: on the Dask cluster at this address ("local": a
+    LocalCluster of `jobs` workers). The result is the same whatever the window and the jobs.
     """
     # The small expectations file first: a typo in it is reported before a big trace is read.
     if expectations is not None and not isinstance(expectations, Expectations):
@@ -205,7 +207,7 @@ def check(
     settings = WindowSettings(expectations, threshold_ns, per_stream_gaps, batch)
     # window: gaps, budget, H2D, layers, time use of each window's steps
     with stage(f"checking {plan.count} window{'s' if plan.count != 1 else ''} of steps"):
-        windows = run_windows(trace, steps, plan, settings, jobs=jobs)
+        windows = run_windows(trace, steps, plan, settings, jobs=jobs, dask=dask)
     # merge: the windows' frames as one whole-trace window gives them
     merged = merge_windows(windows, expectations, steps.decode)
     # Result.steps keeps every activity for the reports that draw or list kernels (HTML, the

@@ -116,8 +116,8 @@ def main() -> None:
               help="Decode steps per window of the per-step checks: memory follows the window, not the "
                    "trace (default 256; 0: the whole trace in one window). The result is the same.")
 @click.option("--dask", "dask_address", metavar="ADDRESS",
-              help="Check several trace files on a Dask cluster: the scheduler's address "
-                   "(tcp://host:8786), or `local` for a LocalCluster on this machine "
+              help="Check several trace files (or the step windows of one) on a Dask cluster: the "
+                   "scheduler's address (tcp://host:8786), or `local` for a LocalCluster on this machine "
                    "(needs `pip install nsys-ledger[dask]`).")
 @click.option("--no-cache", is_flag=True,
               help="Export an .nsys-rep afresh instead of reusing the export kept beside it.")
@@ -148,7 +148,7 @@ def check(traces, captures, trace_out, expect, step_nvtx, step_method, gap_us, b
       nsys-ledger check trace.sqlite --expect ledger.toml --html report.html --junit junit.xml \\
           --markdown summary.md
     """
-    from nsys_ledger.multifile import check_many
+    from nsys_ledger.pipeline.multifile import check_many
     from nsys_ledger.report.chrome_trace import write_chrome_trace
     from nsys_ledger.report.html import write_html
     from nsys_ledger.report.json_report import write_json
@@ -423,7 +423,7 @@ def learn(traces, out, base, tolerance, named_params, from_steps, step_nvtx, ste
     """
     from nsys_ledger.ledger import load_expectations
     from nsys_ledger.learn import LearnError, LearnOptions, learn as learn_ledger, write_learned_ledger
-    from nsys_ledger.multifile import check_many
+    from nsys_ledger.pipeline.multifile import check_many
 
     target, = guard_outputs([("--out", out)], [*traces, base])
     options = LearnOptions(

@@ -20,13 +20,19 @@ ACTIVITY_TABLES = ("kernels", "memcpys", "memsets")  # what the windows carry in
 
 
 def run_windows(trace: Trace, steps: Steps, plan: WindowPlan, settings: WindowSettings, *,
-                jobs: int = 1) -> list[WindowResult]:
-    """Every window's result, in window order."""
-    if jobs <= 1 or plan.count == 1:
+                jobs: int = 1, dask: str | None = None) -> list[WindowResult]:
+    """Every window's result, in window order: here, in `jobs` local processes, or on the Dask
+    cluster at `dask` (an address, or "local")."""
+    if plan.count == 1 or (jobs <= 1 and dask is None):
         return [run_window(trace, cut_window(steps, plan, part), settings) for part in range(plan.count)]
-    from nsys_ledger.worker import quiet_worker
-
     light = dataclasses.replace(trace, **{name: getattr(trace, name).clear() for name in ACTIVITY_TABLES})
+    if dask is not None:
+        from nsys_ledger.pipeline.dask_cluster import windows_on_dask  # Dask is imported only when asked for
+
+        inputs = [cut_window(steps, plan, part) for part in range(plan.count)]
+        return windows_on_dask(light, inputs, settings, dask, jobs if jobs > 1 else None)
+    from nsys_ledger.pipeline.worker import quiet_worker
+
     # spawn, not fork: a forked child inherits polars' thread pool locks mid-use and can hang
     with ProcessPoolExecutor(max_workers=min(jobs, plan.count), mp_context=get_context("spawn"),
                              initializer=quiet_worker) as pool:
