@@ -90,26 +90,23 @@ def cut_window(steps: Steps, plan: WindowPlan, part: int) -> WindowInput:
     halo = windows.filter(pl.col("decode")).join(edges, on="rank", how="inner").filter(
         (pl.col("step") == pl.col("before")) | (pl.col("step") == pl.col("after"))).select(windows.columns)
     members = pl.concat([own, halo]).select("key", "window").unique()
-    owned_rows = plan.part_of_row == part
-    in_halo = activities.select(pl.struct("key", "window").is_in(halo.select(pl.struct("key", "window"))
-                                                                 .to_series().implode())).to_series()
-    in_set = owned_rows | in_halo.fill_null(False)
-    starts = activities["start"]
-    ends = activities["end"].fill_null(starts)
-    first = int(starts.filter(in_set).min())
-    last = int(ends.filter(in_set).max())
-    # rows are in start order: the context is the rows starting up to `last`, from the first
-    # row whose end (a running maximum) reaches `first`
-    low = int(ends.cum_max().search_sorted(first, side="left"))
-    high = int(starts.search_sorted(last, side="right"))
+    own_span = plan.part_spans.filter(pl.col("part") == part)
+    first = min(int(own_span["first"][0]), *(int(t) for t in halo["first"].drop_nulls()))
+    last = max(int(own_span["last"][0]), *(int(t) for t in halo["last"].drop_nulls()))
+    # rows are in start order: the window's own rows and the halo's lie between its first start
+    # and last end, and so does the context: the rows starting up to `last`, from the first row
+    # whose end (a running maximum) reaches `first`
+    low = int(plan.reach.search_sorted(first, side="left"))
+    high = int(activities["start"].search_sorted(last, side="right"))
     sliced = activities.slice(low, high - low)
-    in_set = in_set.slice(low, high - low)
-    keep = in_set | (ends.slice(low, high - low) >= first)
-    context = pl.lit(in_set).alias("_in_set")
-    sub = sliced.with_columns(context).filter(pl.lit(keep)).with_columns(
+    owned_rows = plan.part_of_row.slice(low, high - low) == part
+    in_set = owned_rows | plan.window_id_of_row.slice(low, high - low).is_in(halo["window_id"].implode()).fill_null(False)
+    ends = sliced["end"].fill_null(sliced["start"])
+    keep = in_set | (ends >= first)
+    sub = sliced.with_columns(pl.lit(in_set).alias("_in_set")).filter(pl.lit(keep)).with_columns(
         pl.when(pl.col("_in_set")).then(pl.col(c)).alias(c) for c in STEP_COLUMNS
     ).drop("_in_set")
-    owned = owned_rows.slice(low, high - low).filter(keep)
+    owned = owned_rows.filter(keep)
     sub_windows = steps.windows.join(members, on=["key", "window"], how="semi")
     return WindowInput(part, replace(steps, windows=sub_windows, activities=sub), owned, own)
 
