@@ -26,7 +26,7 @@ from nsys_ledger.ledger import Expectations, StepRule, load_expectations
 from nsys_ledger.pipeline.judge import GRAPH_LEVEL_NOTICE, judge
 from nsys_ledger.pipeline.merge import merge_windows
 from nsys_ledger.pipeline.plan import DEFAULT_WINDOW_STEPS, plan_windows
-from nsys_ledger.pipeline.run import run_windows
+from nsys_ledger.pipeline.run import run_windows, without_activity_tables
 from nsys_ledger.pipeline.window import WindowSettings
 from nsys_ledger.progress import stage
 from nsys_ledger.trace import Trace, load_trace
@@ -80,7 +80,7 @@ class InputFile:
 
 @dataclass(frozen=True)
 class Result:
-    trace: Trace
+    trace: Trace  # in several step windows: without its kernel, copy and memset rows (steps.activities has them)
     expectations: Expectations | None
     totals: Totals
     steps: Steps
@@ -203,7 +203,12 @@ def check(
             method=step_method,
         )
     trace = numbered_graph_replays(trace, steps.activities.height)
+    totals = trace_totals(trace)
     plan = plan_windows(steps, DEFAULT_WINDOW_STEPS if window_steps is None else window_steps)
+    if plan.count > 1:
+        # in windows, the kernel, copy and memset tables are not kept beside the activities,
+        # which hold all of their columns the checks read (~185 MiB per million kernels)
+        trace = without_activity_tables(trace)
     settings = WindowSettings(expectations, threshold_ns, per_stream_gaps, batch)
     # window: gaps, budget, H2D, layers, time use of each window's steps
     with stage(f"checking {plan.count} window{'s' if plan.count != 1 else ''} of steps"):
@@ -217,7 +222,6 @@ def check(
                                                                     merged.op_of_row["group"]))
     table = merged.table
     ranks = rank_comparison(table)
-    totals = trace_totals(trace)
 
     # judge: the outcomes from the merged frames
     notices: list[str] = list(trace.meta.warnings)

@@ -4,12 +4,12 @@ A 200-step graph-mode GLM-5.3 trace (~415k kernels, the project's generator, as
 bench/bench_check.py makes its traces) is checked in child processes, once in one whole-trace
 window and once in windows of 16 steps. Each child resets its peak RSS (VmHWM, through
 /proc/self/clear_refs) when the window stages start and prints how far the stages raised it
-above the RSS the plan left. Measured here (Linux, polars 1.x): 369 MiB in one window, 73 MiB
-in windows of 16 (70 MiB at 50 steps, 144 MiB at 500: what grows is the windows' per-activity
-results, every activity's layer and op, which the Result keeps).
+above the RSS the plan left. Measured here (Linux, polars 1.x): 339-373 MiB in one window,
+54-82 MiB in windows of 16 (56 MiB at 50 steps, 98 MiB at 500: what grows is the windows'
+per-activity results, every activity's layer and op, which the Result keeps).
 
 What this does NOT show: the whole process's peak still grows with the trace (311 MiB at 50
-steps, ~890 MiB at 500 with windows of 16), because the plan reads the whole activity tables;
+steps, ~775 MiB at 500 with windows of 16), because the plan reads the whole activity tables;
 docs/performance.md (Step windows) has the figures and what is left. No wall-clock limits.
 """
 
@@ -76,5 +76,5 @@ def test_window_stages_take_a_fraction_of_the_whole_trace_pass(trace):
     windows, steps, windowed = stage_memory(trace, 16)
     assert (whole_windows, whole_steps) == (1, STEPS)
     assert (windows, steps) == (13, STEPS)  # 12 windows of 16 steps and one of 8
-    # measured 73 MiB against 369 MiB (0.20): a bound with margin that one window fails
+    # measured 54-82 MiB against 339-373 MiB (0.16-0.22): a bound with margin that one window fails
     assert windowed <= 0.4 * whole, f"windows of 16 steps: {windowed} MiB, one window: {whole} MiB"

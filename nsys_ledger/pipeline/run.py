@@ -25,7 +25,7 @@ def run_windows(trace: Trace, steps: Steps, plan: WindowPlan, settings: WindowSe
     cluster at `dask` (an address, or "local")."""
     if plan.count == 1 or (jobs <= 1 and dask is None):
         return [run_window(trace, cut_window(steps, plan, part), settings) for part in range(plan.count)]
-    light = dataclasses.replace(trace, **{name: getattr(trace, name).clear() for name in ACTIVITY_TABLES})
+    light = without_activity_tables(trace)
     if dask is not None:
         from nsys_ledger.pipeline.dask_cluster import windows_on_dask  # Dask is imported only when asked for
 
@@ -39,3 +39,8 @@ def run_windows(trace: Trace, steps: Steps, plan: WindowPlan, settings: WindowSe
         futures = [pool.submit(run_window, light, cut_window(steps, plan, part), settings)
                    for part in range(plan.count)]
         return [future.result() for future in futures]
+
+
+def without_activity_tables(trace: Trace) -> Trace:
+    """`trace` with its kernel, copy and memset tables emptied (their columns kept)."""
+    return dataclasses.replace(trace, **{name: getattr(trace, name).clear() for name in ACTIVITY_TABLES})

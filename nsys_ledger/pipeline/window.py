@@ -100,7 +100,8 @@ def cut_window(steps: Steps, plan: WindowPlan, part: int) -> WindowInput:
     high = int(activities["start"].search_sorted(last, side="right"))
     sliced = activities.slice(low, high - low)
     owned_rows = plan.part_of_row.slice(low, high - low) == part
-    in_set = owned_rows | plan.window_id_of_row.slice(low, high - low).is_in(halo["window_id"].implode()).fill_null(False)
+    in_halo = plan.window_id_of_row.slice(low, high - low).is_in(halo["window_id"].implode()).fill_null(False)
+    in_set = owned_rows | in_halo
     ends = sliced["end"].fill_null(sliced["start"])
     keep = in_set | (ends >= first)
     sub = sliced.with_columns(pl.lit(in_set).alias("_in_set")).filter(pl.lit(keep)).with_columns(
