@@ -1,7 +1,9 @@
 """`check(path, expectations) -> Result`: the whole pipeline, callable from Python.
 
-trace file -> Trace -> activities with launch calls and ops -> steps -> per-step figures ->
-findings. The CLI only parses arguments, calls this and renders the Result.
+trace file -> Trace -> activities with launch calls and ops -> steps, cut into windows of whole
+steps (pipeline.plan) -> per window: layers, timeline, per-step figures (pipeline.window) ->
+merged (pipeline.merge) -> findings (pipeline.judge). The CLI only parses arguments, calls
+this and renders the Result.
 """
 
 from __future__ import annotations

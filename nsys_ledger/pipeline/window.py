@@ -29,7 +29,7 @@ from nsys_ledger.checks.layers import LayerSummary, summarize_layers
 from nsys_ledger.checks.stats import op_counts, step_table
 from nsys_ledger.checks.step_kinds import kind_step_table
 from nsys_ledger.checks.time_use import NO_OP, TimeUse, time_use
-from nsys_ledger.checks.timeline import Timeline, add_timeline_columns, attach_layers, build_timeline
+from nsys_ledger.checks.timeline import Timeline, add_timeline_columns, build_timeline
 from nsys_ledger.ledger import Expectations
 from nsys_ledger.pipeline.plan import WindowPlan
 from nsys_ledger.trace import Trace
@@ -120,16 +120,16 @@ def run_window(trace: Trace, window: WindowInput, settings: WindowSettings) -> W
     part, sub, owned, own_windows = window.part, window.steps, window.owned, window.own_windows
     own_steps = own_windows.filter(pl.col("decode")).select(STEP_KEY)
 
+    # layers first: the timeline names the layer of each gap's and graph break's neighbours, and
+    # a kernel whose name several ops share counts as the op of its place in its layer's
+    # sequence, in the op counts, the time use and the neighbours alike
+    attribution = attribute_layers(trace, sub.activities, expectations)
+    sub = replace(sub, activities=sub.activities.with_columns(
+        attribution.activities["op"], attribution.activities["group"], attribution.activities["layer"]))
+    every_row = summarize_layers(attribution)  # the context's layers too: gap neighbours
     timeline = build_timeline(sub, trace, settings.threshold_ns, per_stream=settings.per_stream_gaps,
                               step_entry=expectations.step_entry_gaps if expectations else None)
     table = add_timeline_columns(step_table(sub, timeline.gaps), timeline, settings.batch)
-    # layers are attributed before the op counts and the time use read them: a kernel whose
-    # name several ops share counts as the op of its place in its layer's sequence
-    attribution = attribute_layers(trace, sub.activities, expectations)
-    sub = replace(sub, activities=sub.activities.with_columns(attribution.activities["op"],
-                                                              attribution.activities["group"]))
-    every_row = summarize_layers(attribution)  # the context's layers too: gap neighbours
-    timeline = attach_layers(timeline, every_row.assignments)
     time = time_use(sub, every_row.assignments)
 
     mine = _own_steps(own_steps)
