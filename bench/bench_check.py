@@ -60,7 +60,7 @@ SQLITE3_BARE_UP_TO = 1_000_000  # the slow fallback reader is measured up to thi
 # and peak RSS (of this process, and of the largest child for the multi-file case).
 RUNNER = """
 import os, resource, sys, time
-import polars, nsys_ledger, nsys_ledger.multifile, nsys_ledger.report.json_report
+import polars, nsys_ledger, nsys_ledger.pipeline.multifile, nsys_ledger.report.json_report
 try:
     import nsys_ledger.report.html
 except ImportError:
@@ -201,7 +201,7 @@ def run():
 """
 
 MANY = """
-from nsys_ledger.multifile import check_many
+from nsys_ledger.pipeline.multifile import check_many
 from nsys_ledger.report.json_report import write_json
 expect, json_out, dask, *paths = ARGS
 

@@ -1,7 +1,9 @@
 """`check(path, expectations) -> Result`: the whole pipeline, callable from Python.
 
-trace file -> Trace -> activities with launch calls and ops -> steps -> per-step figures ->
-findings. The CLI only parses arguments, calls this and renders the Result.
+trace file -> Trace -> activities with launch calls and ops -> steps, cut into windows of whole
+steps (pipeline.plan) -> per window: layers, timeline, per-step figures (pipeline.window) ->
+merged (pipeline.merge) -> findings (pipeline.judge). The CLI only parses arguments, calls
+this and renders the Result.
 """
 
 from __future__ import annotations
@@ -14,24 +16,20 @@ import polars as pl
 from nsys_ledger.attribution.activities import gpu_activities, with_launch_calls
 from nsys_ledger.attribution.ops import with_ops
 from nsys_ledger.attribution.steps import Steps, find_steps
-from nsys_ledger.attribution.layers import attribute_layers
-from nsys_ledger.checks.layers import LayerSummary, check_layers, summarize_layers
-from nsys_ledger.checks.ledger import CheckOutcome, Finding, check_ledger, describe_steps
+from nsys_ledger.checks.layers import LayerSummary
+from nsys_ledger.checks.ledger import CheckOutcome, Finding
 from nsys_ledger.checks.ranks import RankComparison
-from nsys_ledger.checks.coverage import OpCoverage, op_coverage
-from nsys_ledger.checks.stats import op_counts, step_table
-from nsys_ledger.checks.time_use import TimeUse, time_use
-from nsys_ledger.checks.step_kinds import check_step_kinds, kind_counts, kind_step_table
-from nsys_ledger.checks.timeline import (
-    Timeline,
-    add_timeline_columns,
-    attach_layers,
-    build_timeline,
-    rank_comparison,
-    timeline_outcomes,
-)
+from nsys_ledger.checks.coverage import OpCoverage
+from nsys_ledger.checks.time_use import TimeUse
+from nsys_ledger.checks.step_kinds import kind_counts
+from nsys_ledger.checks.timeline import Timeline, numbered_graph_replays, rank_comparison
 from nsys_ledger.frames import group_agg
 from nsys_ledger.ledger import Expectations, StepRule, load_expectations
+from nsys_ledger.pipeline.judge import GRAPH_LEVEL_NOTICE, judge
+from nsys_ledger.pipeline.merge import merge_windows
+from nsys_ledger.pipeline.plan import DEFAULT_WINDOW_STEPS, plan_windows
+from nsys_ledger.pipeline.run import run_windows, without_activity_tables
+from nsys_ledger.pipeline.window import WindowSettings
 from nsys_ledger.progress import stage
 from nsys_ledger.trace import Trace, load_trace
 from nsys_ledger.trace.kineto_reader import KINETO_VERSION_SOURCE
@@ -63,13 +61,6 @@ KINETO_STEP_RULE = StepRule(
     exclude_ops=(),
 )
 
-GRAPH_LEVEL_NOTICE = (
-    "{replays} CUDA graph replays were traced at graph level (--cuda-graph-trace=graph, nsys's "
-    "default): their kernels are not in the kernel table, so kernels inside graphs cannot be "
-    "counted. Re-capture with `nsys profile --cuda-graph-trace=node` for per-kernel ledgers."
-)
-
-
 @dataclass(frozen=True)
 class Totals:
     kernels: int
@@ -91,7 +82,7 @@ class InputFile:
 
 @dataclass(frozen=True)
 class Result:
-    trace: Trace
+    trace: Trace  # in several step windows: without its kernel, copy and memset rows (steps.activities has them)
     expectations: Expectations | None
     totals: Totals
     steps: Steps
@@ -112,6 +103,7 @@ class Result:
     step_kinds: pl.DataFrame | None = None
     # one row per complete prefill or mixed step: `rank, kind, step, kernels` + kernels per ledger op
     kind_table: pl.DataFrame | None = None
+    windows: int = 1  # step windows the per-step stages ran in (pipeline.plan)
 
     @property
     def findings(self) -> list[Finding]:
@@ -178,12 +170,19 @@ def check(
     batch: int | None = None,
     per_stream_gaps: bool = False,
     cache: bool = True,
+    window_steps: int | None = None,
+    jobs: int = 1,
+    dask: str | None = None,
 ) -> Result:
     """Load the trace (and expectations), find decode steps, count, and compare.
 
     `batch` (default: the expectations' `batch` parameter) gives kernels per output token;
     `per_stream_gaps` also finds the idle gaps of every stream on its own; `cache=False`
     exports an `.nsys-rep` afresh instead of reusing the export kept beside it.
+    `window_steps`: decode steps per window of the per-step stages (pipeline.plan; 0: the whole
+    trace in one window; default DEFAULT_WINDOW_STEPS); `jobs`: windows checked at once, in
+    that many local processes; `dask`: on the Dask cluster at this address ("local": a
+    LocalCluster of `jobs` workers). The result is the same whatever the window and the jobs.
     """
     # The small expectations file first: a typo in it is reported before a big trace is read.
     if expectations is not None and not isinstance(expectations, Expectations):
@@ -192,7 +191,9 @@ def check(
         with stage(f"reading {Path(trace).name}"):
             trace = load_trace(trace, cache=cache)
     threshold_ns = _gap_threshold_ns(expectations, gap_us)
+    batch = batch if batch is not None else (expectations.batch if expectations else None)
 
+    # plan: the steps, and the windows of whole steps the per-step stages run on
     with stage(f"attributing {trace.kernels.height:,} kernels to steps"):
         activities = with_ops(with_launch_calls(gpu_activities(trace), trace.api_calls), expectations)
         steps = find_steps(
@@ -203,29 +204,28 @@ def check(
             step_nvtx=step_nvtx,
             method=step_method,
         )
-    batch = batch if batch is not None else (expectations.batch if expectations else None)
-    with stage("sweeping the device timelines"):
-        timeline = build_timeline(
-            steps, trace, threshold_ns, per_stream=per_stream_gaps,
-            step_entry=expectations.step_entry_gaps if expectations else None,
-        )
-    table = add_timeline_columns(step_table(steps, timeline.gaps), timeline, batch)
-    ranks = rank_comparison(table)
-    with stage("attributing kernels to layers"):
-        attribution = attribute_layers(trace, steps.activities, expectations)
-        layers = summarize_layers(attribution)
-    # a kernel whose name several ops share counts as the op of its place in its layer's
-    # sequence (attribution.sequence), in the op counts too
-    steps = replace(steps, activities=steps.activities.with_columns(
-        attribution.activities["op"], attribution.activities["group"]))
-    ops = op_counts(steps, list(expectations.ops) if expectations else [])
-    timeline = attach_layers(timeline, layers.assignments)  # gap and graph-break positions by layer
+    trace = numbered_graph_replays(trace, steps.activities.height)
     totals = trace_totals(trace)
-    coverage = op_coverage(steps.activities, steps.decode, expectations) if expectations else None
-    with stage("measuring where the step time goes"):
-        time = time_use(steps, layers.assignments)
-    kind_table = kind_step_table(steps, list(expectations.ops) if expectations else [])
+    plan = plan_windows(steps, DEFAULT_WINDOW_STEPS if window_steps is None else window_steps)
+    if plan.count > 1:
+        # in windows, the kernel, copy and memset tables are not kept beside the activities,
+        # which hold all of their columns the checks read (~185 MiB per million kernels)
+        trace = without_activity_tables(trace)
+    settings = WindowSettings(expectations, threshold_ns, per_stream_gaps, batch)
+    # window: gaps, budget, H2D, layers, time use of each window's steps
+    with stage(f"checking {plan.count} window{'s' if plan.count != 1 else ''} of steps"):
+        windows = run_windows(trace, steps, plan, settings, jobs=jobs, dask=dask)
+    # merge: the windows' frames as one whole-trace window gives them
+    merged = merge_windows(windows, expectations, steps.decode)
+    # Result.steps keeps every activity for the reports that draw or list kernels (HTML, the
+    # Chrome trace, to_pandas, learn, diff): their op is the one its place in its layer's
+    # sequence gave (attribution.sequence), as in the op counts
+    steps = replace(steps, activities=steps.activities.with_columns(merged.op_of_row["op"],
+                                                                    merged.op_of_row["group"]))
+    table = merged.table
+    ranks = rank_comparison(table)
 
+    # judge: the outcomes from the merged frames
     notices: list[str] = list(trace.meta.warnings)
     if step_nvtx:
         notices += _unmatched_step_nvtx(trace.nvtx, step_nvtx, steps)
@@ -234,16 +234,14 @@ def check(
     if graph_level:
         notices.append(GRAPH_LEVEL_NOTICE.format(replays=trace.graph_replays.height))
     if expectations is not None:
-        # a ledger for another model (the layer count differs) is said before what follows from it
-        outcomes = _layer_count_outcomes(expectations, layers, table, graph_level)
-        outcomes += _ledger_outcomes(expectations, table, ops, timeline, ranks, steps, graph_level, totals)
-        outcomes += _layer_outcomes(expectations, layers, table, graph_level)
-        outcomes += _kind_outcomes(expectations, kind_table, graph_level)
+        outcomes = judge(expectations, table, merged.ops, merged.timeline, ranks, steps, merged.layers,
+                         merged.kind_table, graph_level, totals.graph_replays)
     return Result(
-        trace=trace, expectations=expectations, totals=totals, steps=steps, step_table=table, op_table=ops,
-        gaps=timeline.gaps, gap_threshold_ns=threshold_ns, outcomes=tuple(outcomes), notices=tuple(notices),
-        timeline=timeline, ranks=ranks, batch=batch, layers=layers, coverage=coverage, time_use=time,
-        step_kinds=kind_counts(steps, expectations), kind_table=kind_table,
+        trace=trace, expectations=expectations, totals=totals, steps=steps, step_table=table, op_table=merged.ops,
+        gaps=merged.timeline.gaps, gap_threshold_ns=threshold_ns, outcomes=tuple(outcomes), notices=tuple(notices),
+        timeline=merged.timeline, ranks=ranks, batch=batch, layers=merged.layers, coverage=merged.coverage,
+        time_use=merged.time, step_kinds=kind_counts(steps, expectations), kind_table=merged.kind_table,
+        windows=plan.count,
     )
 
 
@@ -267,56 +265,10 @@ def rejudge(result: Result, *, graph_level: bool) -> Result:
     ranks = rank_comparison(result.step_table)
     outcomes: list[CheckOutcome] = []
     if result.expectations is not None:
-        outcomes = _layer_count_outcomes(result.expectations, result.layers, result.step_table, graph_level)
-        outcomes += _ledger_outcomes(result.expectations, result.step_table, result.op_table, result.timeline,
-                                    ranks, result.steps, graph_level, result.totals)
-        outcomes += _layer_outcomes(result.expectations, result.layers, result.step_table, graph_level)
-        outcomes += _kind_outcomes(result.expectations, result.kind_table, graph_level)
+        outcomes = judge(result.expectations, result.step_table, result.op_table, result.timeline, ranks,
+                         result.steps, result.layers, result.kind_table, graph_level, result.totals.graph_replays)
     return replace(result, ranks=ranks, outcomes=tuple(outcomes),
                    step_kinds=kind_counts(result.steps, result.expectations))
-
-
-def _layer_outcomes(
-    expectations: Expectations, layers: LayerSummary | None, table: pl.DataFrame, graph_level: bool
-) -> list[CheckOutcome]:
-    """The per-layer ledger, when there are decode steps whose kernels are in the trace."""
-    if layers is None or graph_level or table.height == 0:
-        return []
-    return check_layers(expectations, layers, table.height)
-
-
-def _layer_count_outcomes(
-    expectations: Expectations, layers: LayerSummary | None, table: pl.DataFrame, graph_level: bool
-) -> list[CheckOutcome]:
-    """A trace with another number of layers than the ledger declares: the ledger is for
-    another model, and every per-layer finding after it follows from that, so it comes first.
-    A row only when the numbers differ: a ledger that fits keeps its list of checks."""
-    if layers is None or graph_level or table.height == 0:
-        return []
-    declared = sorted({layer for layer_class in expectations.layer_classes for layer in layer_class.layers})
-    per_step = layers.counts.group_by("rank", "step").agg(pl.col("layer").n_unique().alias("layers"))
-    if not declared or per_step.height == 0:
-        return []
-    found = int(per_step["layers"].max())
-    if found == len(declared):
-        return []
-    failing = per_step.filter(pl.col("layers") != len(declared)).sort("rank", "step")
-    message = (f"the trace has {found} layers per decode step, the ledger {len(declared)} (layers {declared[0]}-"
-               f"{declared[-1]}): a ledger for another model? The per-layer, sequence and anchor findings below follow from it")
-    finding = Finding(
-        check="layer_count", subject="layers", source="layers.classes", message=message,
-        steps=describe_steps(failing), failing_steps=failing.height, observed=str(found), expected=str(len(declared)),
-        hint="check with the ledger of this model (expectations/), or learn one from a healthy capture "
-             "with `nsys-ledger learn`",
-    )
-    return [CheckOutcome("layer count", "layers.classes", str(len(declared)), str(found), (finding,))]
-
-
-def _kind_outcomes(expectations: Expectations, kind_table: pl.DataFrame | None, graph_level: bool
-                   ) -> list[CheckOutcome]:
-    """The prefill and mixed steps against the ledger's [kinds.*] sections (kernel counts: not
-    when graph replays hide their kernels)."""
-    return [] if graph_level else check_step_kinds(expectations, kind_table)
 
 
 def _gap_threshold_ns(expectations: Expectations | None, gap_us: float | None) -> int:
@@ -325,44 +277,6 @@ def _gap_threshold_ns(expectations: Expectations | None, gap_us: float | None) -
     if expectations is not None:
         return expectations.gap_threshold_ns
     return DEFAULT_GAP_THRESHOLD_NS
-
-
-def _ledger_outcomes(
-    expectations: Expectations,
-    table: pl.DataFrame,
-    ops: pl.DataFrame,
-    timeline: Timeline,
-    ranks: RankComparison | None,
-    steps: Steps,
-    graph_level: bool,
-    totals: Totals,
-) -> list[CheckOutcome]:
-    if graph_level:
-        message = GRAPH_LEVEL_NOTICE.format(replays=totals.graph_replays)
-        finding = Finding(
-            check="capture", subject="cuda_graph_trace", source="steps", message=message, steps="all",
-            failing_steps=table.height, observed="graph-level capture", expected="--cuda-graph-trace=node",
-        )
-        return [CheckOutcome("capture mode allows per-kernel counts", "steps", "node-level graph trace",
-                             "graph-level", (finding,))]
-    if table.height == 0 and _checked_other_kinds(expectations, steps):
-        return []  # the trace's steps are prefill or mixed steps that the ledger declares
-    if table.height == 0:
-        finding = Finding(
-            check="steps", subject="steps", source="steps", steps="none", failing_steps=0,
-            message=f"no decode step found ({steps.detail}); {steps.excluded.height} windows excluded",
-            observed="0 decode steps", expected=">= 1 decode step",
-            hint="give the step NVTX range with --step-nvtx, or check [steps] marker in the expectations",
-        )
-        return [CheckOutcome("decode steps found", "steps", ">= 1", "0", (finding,))]
-    return check_ledger(expectations, table, ops) + timeline_outcomes(
-        expectations, table, timeline, ranks, step_method=steps.method
-    )
-
-
-def _checked_other_kinds(expectations: Expectations, steps: Steps) -> bool:
-    """Whether the trace has steps of a kind other than decode that the ledger declares."""
-    return any(steps.of_kind(kind).height for kind in expectations.kinds)
 
 
 def _graph_level_replays(trace: Trace) -> bool:

@@ -111,10 +111,14 @@ def main() -> None:
               help="No ledger on purpose: let --junit/--markdown report the trace without gating it "
                    "(without --expect they refuse, so that a CI job cannot pass with no ledger checked).")
 @click.option("-j", "--jobs", type=click.IntRange(1), default=None,
-              help="Processes for several trace files (default: one per file, at most one per core).")
+              help="Processes for several trace files (default: one per file, at most one per core); "
+                   "for one file, processes for its step windows (default 1).")
+@click.option("--window-steps", type=click.IntRange(0), default=None, metavar="N",
+              help="Decode steps per window of the per-step checks: memory follows the window, not the "
+                   "trace (default 256; 0: the whole trace in one window). The result is the same.")
 @click.option("--dask", "dask_address", metavar="ADDRESS",
-              help="Check several trace files on a Dask cluster: the scheduler's address "
-                   "(tcp://host:8786), or `local` for a LocalCluster on this machine "
+              help="Check several trace files (or the step windows of one) on a Dask cluster: the "
+                   "scheduler's address (tcp://host:8786), or `local` for a LocalCluster on this machine "
                    "(needs `pip install nsys-ledger[dask]`).")
 @click.option("--no-cache", is_flag=True,
               help="Export an .nsys-rep afresh instead of reusing the export kept beside it.")
@@ -125,7 +129,7 @@ def main() -> None:
               help="Write the worst and a representative decode step as a Chrome trace (Perfetto UI, "
                    "chrome://tracing): kernels per stream, copies, launch calls, gaps, findings.")
 def check(traces, captures, trace_out, expect, step_nvtx, step_method, gap_us, batch, per_stream_gaps, json_path,
-          html_path, junit_path, markdown_path, summary_only, jobs, dask_address, no_cache) -> None:
+          html_path, junit_path, markdown_path, summary_only, jobs, window_steps, dask_address, no_cache) -> None:
     """Count the kernels of every decode step in TRACE and compare them with the ledger.
 
     \b
@@ -145,7 +149,7 @@ def check(traces, captures, trace_out, expect, step_nvtx, step_method, gap_us, b
       nsys-ledger check trace.sqlite --expect ledger.toml --html report.html --junit junit.xml \\
           --markdown summary.md
     """
-    from nsys_ledger.multifile import check_many
+    from nsys_ledger.pipeline.multifile import check_many
     from nsys_ledger.report.chrome_trace import write_chrome_trace
     from nsys_ledger.report.html import write_html
     from nsys_ledger.report.json_report import write_json
@@ -172,7 +176,8 @@ def check(traces, captures, trace_out, expect, step_nvtx, step_method, gap_us, b
     else:
         result = check_many(traces, expect, workers=jobs, keep_events=bool(html_path or trace_out),
                             dask=dask_address, step_nvtx=step_nvtx, step_method=step_method, gap_us=gap_us,
-                            batch=batch, per_stream_gaps=per_stream_gaps, cache=not no_cache)
+                            batch=batch, per_stream_gaps=per_stream_gaps, cache=not no_cache,
+                            window_steps=window_steps)
     # with --json -, stdout holds the JSON document alone: the report and the file list go to stderr
     click.echo(render(result), err=json_to_stdout)
     if json_to_stdout:
@@ -477,7 +482,7 @@ def learn(traces, out, base, tolerance, named_params, from_steps, step_nvtx, ste
     """
     from nsys_ledger.ledger import load_expectations
     from nsys_ledger.learn import LearnError, LearnOptions, learn as learn_ledger, write_learned_ledger
-    from nsys_ledger.multifile import check_many
+    from nsys_ledger.pipeline.multifile import check_many
 
     target, = guard_outputs([("--out", out)], [*traces, base])
     options = LearnOptions(

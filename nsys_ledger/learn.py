@@ -54,7 +54,7 @@ from nsys_ledger.ledger.model import (
     StepEntryGaps,
     StepRule,
 )
-from nsys_ledger.multifile import check_many
+from nsys_ledger.pipeline.multifile import check_many
 from nsys_ledger.safety import write_atomically
 
 STEP_KEY = ["rank", "step"]

@@ -26,7 +26,7 @@ from click.testing import CliRunner
 
 import nsys_ledger
 from nsys_ledger.cli import main
-from nsys_ledger.multifile import expand_trace_paths
+from nsys_ledger.pipeline.multifile import expand_trace_paths
 from nsys_ledger.report.json_report import result_document
 from nsys_ledger.synth.parquet_writer import write_columnar
 from nsys_ledger.trace import load_trace

@@ -18,9 +18,9 @@ from click.testing import CliRunner
 
 import nsys_ledger
 from nsys_ledger.cli import main
-from nsys_ledger import dask_cluster
+from nsys_ledger.pipeline import dask_cluster
 from nsys_ledger.errors import InputError, TraceError
-from nsys_ledger.multifile import check_many
+from nsys_ledger.pipeline.multifile import check_many
 from nsys_ledger.progress import PROGRESS_ENV
 from nsys_ledger.report.json_report import result_document
 
@@ -103,7 +103,7 @@ def test_without_dask_nothing_of_dask_is_imported():
     code = (
         "import sys, nsys_ledger\n"
         "from nsys_ledger.cli import main\n"
-        "from nsys_ledger.multifile import check_many\n"
+        "from nsys_ledger.pipeline.multifile import check_many\n"
         f"nsys_ledger.check({str(TWO_RANKS)!r}, {str(GLM)!r})\n"
         f"check_many([{str(TWO_RANKS)!r}, {str(BROKEN_FUSION)!r}], {str(GLM)!r})\n"
         "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('dask', 'distributed'))\n"
@@ -121,3 +121,13 @@ def test_cli_dask_local_starts_a_cluster_and_writes_the_same_json(on_pool, tmp_p
                                     "--json", str(out)])
     assert run.exit_code == 1, run.output  # the broken-fusion file fails the ledger
     assert json.loads(out.read_text()) == json.loads(json.dumps(result_document(on_pool)))
+
+
+def test_one_file_in_step_windows_on_dask_gives_the_local_json(cluster, expectations, monkeypatch):
+    """One big file: its windows (here 3 of one step each) are the Dask tasks."""
+    monkeypatch.setenv(PROGRESS_ENV, "0")
+    local = nsys_ledger.check(TWO_RANKS, expectations, window_steps=0)
+    on_dask = check_many([str(TWO_RANKS)], expectations, dask=cluster.scheduler_address, window_steps=1)
+    assert on_dask.windows == 3
+    assert on_dask.step_table.height == 6
+    assert json.dumps(result_document(on_dask)) == json.dumps(result_document(local))

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import nsys_ledger
-from nsys_ledger.multifile import expand_trace_paths
+from nsys_ledger.pipeline.multifile import expand_trace_paths
 
 from shared_data import KINETO_TRACES as KINETO, needs_shared
 

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 import nsys_ledger
 from nsys_ledger.cli import main
 from nsys_ledger.errors import InputError, TraceError
-from nsys_ledger.multifile import check_many, expand_trace_paths
+from nsys_ledger.pipeline.multifile import check_many, expand_trace_paths
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "sample_traces"

@@ -109,14 +109,28 @@ def with_graph_level_replays(steps: Steps, trace: Trace) -> pl.DataFrame:
         "pid", "correlation", pl.col("start").alias("api_start"), pl.col("end").alias("api_end"),
         pl.col("global_tid").alias("api_tid"), pl.col("kind").alias("api_kind"), *STEP_KEY, "decode",
     ).unique(subset=["pid", "correlation"], keep="first")
-    first_row = activities.height
+    if "row" not in replays.columns:  # a whole trace's replays, not numbered yet (numbered_graph_replays)
+        replays = numbered_graph_replays_frame(replays, activities.height)
     rows = replays.sort("start").select(
-        (pl.int_range(pl.len(), dtype=pl.UInt32) + first_row).alias("row"), pl.lit("graph").alias("activity"),
+        "row", pl.lit("graph").alias("activity"),
         "start", "end", "device", "stream", "pid", "correlation",
         pl.format("graph {} replay", pl.col("graph_id")).alias("name"),
         pl.col("graph_exec_id").alias("graph_node_id"),
     ).join(calls, on=["pid", "correlation"], how="left", maintain_order="left")
     return pl.concat([activities, rows], how="diagonal_relaxed")
+
+
+def numbered_graph_replays(trace: Trace, activities: int) -> Trace:
+    """The trace with a `row` for each graph-level replay, numbered after the `activities` GPU
+    activities in start order: a window of steps holds a part of the activities only, and its
+    replays keep the numbers the whole trace gives them."""
+    if trace.graph_replays.height == 0 or "row" in trace.graph_replays.columns:
+        return trace
+    return replace(trace, graph_replays=numbered_graph_replays_frame(trace.graph_replays, activities))
+
+
+def numbered_graph_replays_frame(replays: pl.DataFrame, first_row: int) -> pl.DataFrame:
+    return replays.sort("start").with_columns((pl.int_range(pl.len(), dtype=pl.UInt32) + first_row).alias("row"))
 
 
 def graph_launches_per_step(steps: Steps) -> pl.DataFrame:

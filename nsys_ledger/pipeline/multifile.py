@@ -39,7 +39,7 @@ from nsys_ledger.ledger import Expectations, load_expectations
 from nsys_ledger.progress import stage
 from nsys_ledger.trace.columnar_reader import is_table_directory
 from nsys_ledger.trace.model import FRAME_SCHEMAS, Trace, TraceMeta
-from nsys_ledger.worker import CheckedFile, FailedFile, check_one_file, quiet_worker
+from nsys_ledger.pipeline.worker import CheckedFile, FailedFile, check_one_file, quiet_worker
 
 __all__ = ["check_many", "expand_trace_paths", "stack_results"]
 
@@ -135,13 +135,13 @@ def check_many(
     files = expand_trace_paths(path_list)
     if expectations is not None and not isinstance(expectations, Expectations):
         expectations = load_expectations(expectations)
-    if len(files) == 1:
-        return check(files[0], expectations, **options)
+    if len(files) == 1:  # the processes (or the Dask workers) go to its step windows (pipeline.run)
+        return check(files[0], expectations, jobs=workers or 1, dask=dask, **options)
     for path in files:  # the cheap mistakes before any process starts
         if not os.path.exists(path):
             raise TraceError(path, "no such file")
     if dask is not None:
-        from nsys_ledger.dask_cluster import check_on_dask  # Dask is imported only when asked for
+        from nsys_ledger.pipeline.dask_cluster import check_on_dask  # Dask is imported only when asked for
 
         checked = check_on_dask(files, expectations, options, keep_events, dask, workers)
     else:

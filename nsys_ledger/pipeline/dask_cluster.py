@@ -25,10 +25,10 @@ from typing import Any
 
 from nsys_ledger.errors import InputError
 from nsys_ledger.ledger import Expectations
-from nsys_ledger.worker import CheckedFile, FailedFile, check_one_file, quiet_worker
+from nsys_ledger.pipeline.worker import CheckedFile, FailedFile, check_one_file, quiet_worker
 from nsys_ledger.progress import stage
 
-__all__ = ["LOCAL", "check_on_dask"]
+__all__ = ["LOCAL", "check_on_dask", "windows_on_dask"]
 
 LOCAL = "local"
 # How long to wait for the scheduler before saying it cannot be reached.
@@ -61,6 +61,22 @@ def check_on_dask(
                 outcomes.append(outcome)
                 line.label = f"checking {count} files on the Dask cluster {address}: {index + 1} done"
     return [o for o in outcomes if isinstance(o, CheckedFile)]
+
+
+def windows_on_dask(trace: Any, windows: Sequence[Any], settings: Any, address: str,
+                    workers: int | None = None) -> list[Any]:
+    """The step windows of one big file (pipeline.window.run_window), one task per window; the
+    results in window order. `trace`: the file's Trace without its activity tables, sent to
+    every worker once; each window's input (its activities and context) goes to its task."""
+    from nsys_ledger.pipeline.window import run_window
+
+    with _client(address, len(windows), workers) as client:
+        client.run(quiet_worker)
+        shared = client.scatter(trace, broadcast=True)
+        with stage(f"checking {len(windows)} step windows on the Dask cluster {address}"):
+            futures = client.map(run_window, [shared] * len(windows), list(windows), [settings] * len(windows),
+                                 pure=False)
+            return client.gather(futures)
 
 
 @contextlib.contextmanager
