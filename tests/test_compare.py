@@ -341,3 +341,29 @@ def test_cli_bad_input_is_one_line_and_exit_2(args, message):
     assert result.exit_code == 2
     assert message in result.output
     assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output
+
+
+# ---- the acceptance pair: one model, SGLang against vLLM, each from its own topology ----
+VLLM_GLM = ROOT / "expectations" / "glm-5.3-vllm-tp8-ep8.toml"
+VLLM_HEALTHY = SAMPLES / "glm5-vllm-graph-healthy.sqlite"
+
+
+def test_sglang_against_vllm_per_role_deltas_are_what_the_topologies_declare():
+    from nsys_ledger.synth.schedule import role_counts_per_step
+
+    declared_sglang = role_counts_per_step("glm-5.3-tp8-ep8")
+    declared_vllm = role_counts_per_step("glm-5.3-vllm-tp8-ep8")
+    declared = {role: declared_vllm.get(role, 0) - declared_sglang.get(role, 0)
+                for role in set(declared_sglang) | set(declared_vllm)}
+    comparison = compared(HEALTHY, GLM, VLLM_HEALTHY, VLLM_GLM)
+    rows = {row.role: row for row in comparison.role_rows("decode")}
+    assert NO_ROLE not in rows or rows[NO_ROLE].delta == 0
+    observed = {role: row.delta for role, row in rows.items() if role != NO_ROLE}
+    assert {role: d for role, d in observed.items() if d} == {role: d for role, d in declared.items() if d}
+    # the figures, literally: the vLLM step launches 660 more kernels (2737 against 2077)
+    assert comparison.figure("kernels", "decode")[:2] == (2077, 2737)
+    assert rows["allreduce"].delta == 79 and rows["ffn_quant"].delta == 228
+    assert rows["moe_dispatch"].delta == 75 and rows["page_table"].delta == 78
+    # swapping A and B negates every role delta
+    swapped = {row.role: row.delta for row in compared(VLLM_HEALTHY, VLLM_GLM, HEALTHY, GLM).role_rows("decode")}
+    assert swapped == {role: -d for role, d in {row.role: row.delta for row in rows.values()}.items()}
