@@ -1,5 +1,6 @@
-"""The streaming Kineto reader (trace/json_stream.py + kineto_reader) against the whole-document
-reader it replaced (tests/kineto_oracle.py, the reader of commit 9b17305, unchanged).
+"""The streaming Kineto reader (trace/json_stream.py + kineto_reader) against the reader's own
+whole-document path (`_collect_whole`: the document decoded at once with msgspec, as the reader
+did before it streamed; it still serves the documents laid out unusually).
 
 Every bundled Kineto sample and every real trace in ../shared/real_traces/kineto gives the same
 frames and meta with the default batches and with 4 KiB batches (hundreds of batches, cuts
@@ -18,12 +19,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+from unittest import mock
+
 import pytest
 from polars.testing import assert_frame_equal
 
-import kineto_oracle
 from nsys_ledger.errors import TraceError
-from nsys_ledger.trace import json_stream
+from nsys_ledger.trace import json_stream, kineto_reader
 from nsys_ledger.trace.kineto_reader import load_kineto, load_kineto_capture
 from shared_data import KINETO_TRACES, needs_shared
 
@@ -34,8 +36,16 @@ FRAMES = ("kernels", "api_calls", "memcpys", "memsets", "syncs", "nvtx", "device
 SMALL_BATCH = 4096
 
 
+def whole_document(load):
+    """`load` (load_kineto or load_kineto_capture) through the whole-document path only."""
+    def loaded(path: Path):
+        with mock.patch.object(kineto_reader, "_collect", kineto_reader._collect_whole):
+            return load(path)
+    return loaded
+
+
 def assert_same_trace(path: Path) -> None:
-    new, old = load_kineto(path), kineto_oracle.load_kineto(path)
+    new, old = load_kineto(path), whole_document(load_kineto)(path)
     for frame in FRAMES:
         assert_frame_equal(getattr(new, frame), getattr(old, frame), check_exact=True)
     assert new.meta == old.meta
@@ -75,7 +85,7 @@ def test_real_traces_equal_the_whole_document_reader(name: str, batch_bytes: int
 def test_capture_trace_named_launches_equal(monkeypatch) -> None:
     monkeypatch.setattr(json_stream, "BATCH_BYTES", SMALL_BATCH)
     path = KINETO_TRACES / "AMD-AGI__TraceLens__inference_sglang_decode_capture_traces_bs_32_rank0.json.gz"
-    (trace, named), (old_trace, old_named) = load_kineto_capture(path), kineto_oracle.load_kineto_capture(path)
+    (trace, named), (old_trace, old_named) = load_kineto_capture(path), whole_document(load_kineto_capture)(path)
     assert_frame_equal(named, old_named)
     assert_frame_equal(trace.kernels, old_trace.kernels)
     assert named.height == 546  # launch calls naming their kernel (test_kineto_real: launches=546)
@@ -176,7 +186,7 @@ def test_bad_documents_give_the_old_one_line_error(case: str, tmp_path: Path, ba
     path = tmp_path / f"{case}.json"
     path.write_text(BAD[case](text), encoding="utf-8")
     message = _error(load_kineto, path)
-    assert message == _error(kineto_oracle.load_kineto, path)
+    assert message == _error(whole_document(load_kineto), path)
     assert "\n" not in message and message.startswith(str(path))
 
 
@@ -188,7 +198,7 @@ def test_malformed_array_error_counts_bytes_in_the_whole_document(tmp_path: Path
     path.write_text(bad)
     message = _error(load_kineto, path)
     assert message.endswith("(byte 300000))"), message  # the "@" put at offset 300,000
-    assert message == _error(kineto_oracle.load_kineto, path)
+    assert message == _error(whole_document(load_kineto), path)
 
 
 # ---- memory ----------------------------------------------------------------------------
