@@ -26,8 +26,8 @@ Then, each case in a fresh process (so its peak RSS is its own), it measures:
 * capped: `load_trace` with its data segment limited (RLIMIT_DATA) to what it held after a
   warm-up plus 3/4 of the JSON's size, on a `with_stack`-like trace (ten python_function events
   per kernel, which become no frame): the streaming reader reads it, a reader that holds the
-  text cannot (`--capped` also runs the whole-document reader of tests/kineto_oracle.py
-  under the same cap).
+  text cannot (`--capped` also runs the reader's whole-document path, `_collect_whole`, under
+  the same cap).
 
 Prints median seconds (of `--repeat` fresh processes), peak RSS and ratios, and writes
 bench/out/kineto_results.json.
@@ -275,15 +275,14 @@ def _capped_case(name: str, path: str) -> dict:
     json_bytes = sum(len(piece) for piece in _gunzip_pieces(path))
     tiny = Path(tempfile.mkdtemp()) / "tiny.json"
     tiny.write_text('{"traceEvents":[{"ph":"X","cat":"kernel","name":"k","pid":0,"tid":7,"ts":1,"dur":1}]}')
-    if name == "capped_whole":  # the reader before streaming: the text, then its events, then columns
-        sys.path.insert(0, str(ROOT / "tests"))
-        import kineto_oracle as whole
+    if name == "capped_whole":  # the text decoded at once, then its events, then columns
+        from unittest import mock
+
+        from nsys_ledger.trace import kineto_reader
 
         def load(p):
-            raw = Path(p).read_bytes()
-            data = gzip.decompress(raw) if raw.startswith(b"\x1f\x8b") else raw
-            document = whole.decode_document(data, str(p))
-            return whole._build(whole._Builder(str(p), document, data), document.traceEvents)
+            with mock.patch.object(kineto_reader, "_collect", kineto_reader._collect_whole):
+                return load_trace(p)
     else:
         load = load_trace
     load(tiny)  # imports, polars' thread pools
