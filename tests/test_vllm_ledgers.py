@@ -102,6 +102,32 @@ def test_broken_inductor_fusion_is_named(tmp_path):
     assert "the RMSNorm + quant fusion did not happen (a broken torch.compile fusion" in flat
 
 
+
+@pytest.mark.parametrize(
+    ("sample", "ledger", "kernels", "messages"),
+    [
+        # the same 159 fused sites broken inside PIECEWISE graphs: the same findings as in FULL
+        ("glm5-vllm-piecewise-broken-fusion.sqlite", GLM_VLLM, 2896, [
+            "rms_norm_quant kernels: 0 per step, expected 80 (= layers - 1 + dense_layers)",
+            "fused_add_rmsnorm kernels: 156 per step, expected 76 (= moe_layers + 1)",
+            "kernels: 2896 per step, expected 2737"]),
+        # DeepSeek-V3.2's 61 layers: 125 sites (63 + 62), 2536 + 125 kernels
+        ("dsv32-vllm-graph-broken-fusion.sqlite", DSV32_VLLM, 2661, [
+            "rms_norm_quant kernels: 0 per step, expected 63 (= layers - 1 + dense_layers)",
+            "rms_norm_quant_latent kernels: 0 per step, expected 62 (= layers + 1)",
+            "fused_add_rmsnorm kernels: 122 per step, expected 59 (= moe_layers + 1)",
+            "kernels: 2661 per step, expected 2536"]),
+    ],
+    ids=["glm-piecewise", "dsv32"],
+)
+def test_every_vllm_topology_has_a_faulted_sample_the_ledger_names(sample, ledger, kernels, messages, tmp_path):
+    rc, doc, text = _check(sample, ledger, tmp_path)
+    assert rc == 1 and doc["verdict"] == "fail"
+    assert [s["kernels"] for s in doc["steps"]] == [kernels] * 4
+    flat = " ".join(text.split())
+    for message in messages:
+        assert message in flat
+
 # ---- declared role counts ----------------------------------------------------------------------
 GLM_VLLM_ROLES = {
     "allreduce": 157, "attention": 78, "attention_combine": 78, "attn_quant": 78, "embedding": 3,

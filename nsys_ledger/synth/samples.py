@@ -81,8 +81,13 @@ SAMPLES: dict[str, dict] = {
     # quant at each of the 159 fused sites) ...
     "glm5-vllm-graph-broken-fusion.sqlite": {"topology": "glm-5.3-vllm-tp8-ep8", "step_nvtx": True,
                                              "faults": ("broken_fusion",)},
-    # ... and DeepSeek-V3.2 in a FULL graph
+    # ... the same broken fusion in PIECEWISE graphs (the fused sites are inside the pieces) ...
+    "glm5-vllm-piecewise-broken-fusion.sqlite": {"topology": "glm-5.3-vllm-tp8-ep8-piecewise",
+                                                 "faults": ("broken_fusion",)},
+    # ... and DeepSeek-V3.2 in a FULL graph, healthy and with the fusion broken
     "dsv32-vllm-graph-healthy.sqlite": {"topology": "deepseek-v3.2-vllm-tp8-ep8", "step_nvtx": True},
+    "dsv32-vllm-graph-broken-fusion.sqlite": {"topology": "deepseek-v3.2-vllm-tp8-ep8", "step_nvtx": True,
+                                              "faults": ("broken_fusion",)},
 }
 
 
