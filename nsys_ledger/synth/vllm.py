@@ -328,14 +328,8 @@ def _ffn(b: _Builder, K: dict, V: dict, topo: Topology, L: int, p: str) -> None:
         # its gate_up is a visible FP8 linear: the norm fuses with its quantization
         b.add("post_norm", V["vllm_rms_norm_block_quant_residual"], "post_attn_norm", "attention",
               f"{p}.post_attention_layernorm", L, role="residual_norm")
-        b.add("mlp_gate_up", K["gemm_dense_gate_up"], "mlp.gate_up", "dense_mlp",
-              f"{m}.gate_up_proj", L, role="ffn_dense_gemm")
-        b.add("mlp_act", V["vllm_act_and_mul"], "mlp.act", "dense_mlp", f"{m}.act_fn", L,
-              role="ffn_act")
-        b.add("mlp_down_quant", V["vllm_group_quant"], "mlp.down_quant", "dense_mlp",
-              f"{m}.down_proj", L, role="ffn_quant")
-        b.add("mlp_down", K["gemm_dense_down"], "mlp.down", "dense_mlp", f"{m}.down_proj", L,
-              role="ffn_dense_gemm")
+        _gated_mlp(b, V, L, "mlp_", "mlp.", "dense_mlp", (f"{m}.gate_up_proj", f"{m}.act_fn", f"{m}.down_proj"),
+                   K["gemm_dense_gate_up"], K["gemm_dense_down"], "ffn_dense_gemm")
         b.add("mlp_allreduce", V["vllm_multimem_all_reduce"], "mlp_allreduce", "dense_mlp",
               f"{m}.down_proj", L, role="allreduce")
         return
@@ -347,27 +341,32 @@ def _ffn(b: _Builder, K: dict, V: dict, topo: Topology, L: int, p: str) -> None:
     se = f"{m}.shared_experts"
     b.add("shared_quant", V["vllm_group_quant"], "moe.shared_quant", "moe", f"{se}.gate_up_proj",
           L, role="ffn_quant")
-    b.add("shared_gate_up", K["gemm_shared_gate_up"], "moe.shared_gate_up", "moe",
-          f"{se}.gate_up_proj", L, role="ffn_dense_gemm")
-    b.add("shared_act", V["vllm_act_and_mul"], "moe.shared_act", "moe", f"{se}.act_fn", L,
-          role="ffn_act")
-    b.add("shared_down_quant", V["vllm_group_quant"], "moe.shared_down_quant", "moe",
-          f"{se}.down_proj", L, role="ffn_quant")
-    b.add("shared_down", K["gemm_shared_down"], "moe.shared_down", "moe", f"{se}.down_proj", L,
-          role="ffn_dense_gemm")
+    _gated_mlp(b, V, L, "shared_", "moe.shared_", "moe", (f"{se}.gate_up_proj", f"{se}.act_fn", f"{se}.down_proj"),
+               K["gemm_shared_gate_up"], K["gemm_shared_down"], "ffn_dense_gemm")
     e = f"{m}.experts"
     b.add("align", V["vllm_moe_align"], "moe.align", "moe", e, L, role="moe_dispatch")
     b.add("sort", V["vllm_count_and_sort"], "moe.sort", "moe", e, L, role="moe_dispatch")
     b.add("quant", V["vllm_group_quant"], "moe.quant", "moe", e, L, role="ffn_quant")
-    b.add("gate_up", V["vllm_fused_moe_gate_up"], "moe.gate_up", "moe", e, L, role="moe_gemm")
-    b.add("act", V["vllm_act_and_mul"], "moe.act", "moe", e, L, role="ffn_act")
-    b.add("down_quant", V["vllm_group_quant"], "moe.down_quant", "moe", e, L, role="ffn_quant")
-    b.add("down", V["vllm_fused_moe_down"], "moe.down", "moe", e, L, role="moe_gemm")
+    _gated_mlp(b, V, L, "", "moe.", "moe", (e, e, e), V["vllm_fused_moe_gate_up"], V["vllm_fused_moe_down"],
+               "moe_gemm")
     b.add("moe_sum", V["vllm_moe_sum"], "moe.sum", "moe", e, L, role="moe_combine")
     b.add("merge", V["vllm_inductor_moe_merge"], "moe.scale_shared_add", "moe", m, L,
           role="moe_sum")
     b.add("moe_allreduce", V["vllm_multimem_all_reduce"], "moe_allreduce", "moe", m, L,
           role="allreduce")
+
+
+def _gated_mlp(b: _Builder, V: dict, L: int, key: str, op: str, group: str,  # noqa: N803
+               modules: tuple[str, str, str], gate_up, down, gemm_role: str) -> None:
+    """The four launches every gated MLP of the model makes after its input is quantized (the
+    dense MLP, the shared expert, the routed experts): the gate_up GEMM, SiluAndMul, the FP8
+    group quantization of the down projection's input, the down GEMM. `modules` are the
+    gate_up, act and down modules' names; `key` and `op` prefix the launch keys and op names."""
+    gate_up_module, act_module, down_module = modules
+    b.add(f"{key}gate_up", gate_up, f"{op}gate_up", group, gate_up_module, L, role=gemm_role)
+    b.add(f"{key}act", V["vllm_act_and_mul"], f"{op}act", group, act_module, L, role="ffn_act")
+    b.add(f"{key}down_quant", V["vllm_group_quant"], f"{op}down_quant", group, down_module, L, role="ffn_quant")
+    b.add(f"{key}down", down, f"{op}down", group, down_module, L, role=gemm_role)
 
 
 def _unfuse_norms(specs: list[KernelSpec], V: dict, cost) -> list[KernelSpec]:  # noqa: N803
