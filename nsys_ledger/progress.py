@@ -100,3 +100,9 @@ def stage(label: str, stream: TextIO | None = None) -> Iterator[_Ticker | _Quiet
         yield ticker
     finally:
         ticker.stop()
+
+
+def quiet_worker() -> None:
+    """Worker processes (local or Dask) share the parent's terminal: only the parent draws a
+    progress line."""
+    os.environ[PROGRESS_ENV] = "0"

@@ -36,10 +36,10 @@ import polars as pl
 from nsys_ledger.api import InputFile, Result, Totals, check, rejudge
 from nsys_ledger.errors import TraceError
 from nsys_ledger.ledger import Expectations, load_expectations
-from nsys_ledger.progress import stage
+from nsys_ledger.progress import quiet_worker, stage
 from nsys_ledger.trace.columnar_reader import is_table_directory
 from nsys_ledger.trace.model import FRAME_SCHEMAS, Trace, TraceMeta
-from nsys_ledger.pipeline.worker import CheckedFile, FailedFile, check_one_file, quiet_worker
+from nsys_ledger.pipeline.worker import CheckedFile, FailedFile, check_one_file
 
 __all__ = ["check_many", "expand_trace_paths", "stack_results"]
 
@@ -141,12 +141,40 @@ def check_many(
         if not os.path.exists(path):
             raise TraceError(path, "no such file")
     if dask is not None:
-        from nsys_ledger.pipeline.dask_cluster import check_on_dask  # Dask is imported only when asked for
-
-        checked = check_on_dask(files, expectations, options, keep_events, dask, workers)
+        checked = _check_on_dask(files, expectations, options, keep_events, dask, workers)
     else:
         checked = _check_in_processes(files, expectations, options, workers, keep_events)
     return stack_results([c.result for c in checked], files, graph_level=any(c.graph_level for c in checked))
+
+
+def _check_on_dask(
+    files: Sequence[str],
+    expectations: Expectations | None,
+    options: dict[str, Any],
+    keep_events: bool,
+    address: str,
+    workers: int | None = None,
+) -> list[CheckedFile]:
+    """One Dask task per file; the outcomes in file order. Raises the first file's InputError."""
+    from nsys_ledger.pipeline.dask_cluster import dask_client  # Dask is imported only when asked for
+
+    with dask_client(address, len(files), workers) as client:
+        client.run(quiet_worker)
+        count = len(files)
+        with stage(f"checking {count} files on the Dask cluster {address}") as line:
+            futures = client.map(
+                check_one_file, list(files), [expectations] * count, [options] * count, [keep_events] * count,
+                pure=False,
+            )
+            outcomes: list[CheckedFile | FailedFile] = []
+            for index, future in enumerate(futures):
+                outcome = future.result()
+                if isinstance(outcome, FailedFile):
+                    client.cancel(futures[index + 1:])
+                    raise outcome.kind(outcome.path, outcome.problem)
+                outcomes.append(outcome)
+                line.label = f"checking {count} files on the Dask cluster {address}: {index + 1} done"
+    return [o for o in outcomes if isinstance(o, CheckedFile)]
 
 
 def _check_in_processes(

@@ -14,6 +14,7 @@ from multiprocessing import get_context
 from nsys_ledger.attribution.steps import Steps
 from nsys_ledger.pipeline.plan import WindowPlan
 from nsys_ledger.pipeline.window import WindowResult, WindowSettings, cut_window, run_window
+from nsys_ledger.progress import quiet_worker
 from nsys_ledger.trace import Trace
 
 ACTIVITY_TABLES = ("kernels", "memcpys", "memsets")  # what the windows carry in their own inputs
@@ -31,8 +32,6 @@ def run_windows(trace: Trace, steps: Steps, plan: WindowPlan, settings: WindowSe
 
         inputs = [cut_window(steps, plan, part) for part in range(plan.count)]
         return windows_on_dask(light, inputs, settings, dask, jobs if jobs > 1 else None)
-    from nsys_ledger.pipeline.worker import quiet_worker
-
     # spawn, not fork: a forked child inherits polars' thread pool locks mid-use and can hang
     with ProcessPoolExecutor(max_workers=min(jobs, plan.count), mp_context=get_context("spawn"),
                              initializer=quiet_worker) as pool:

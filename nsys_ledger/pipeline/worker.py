@@ -7,17 +7,15 @@ see `multifile`), or the InputError as plain fields, rebuilt in the parent.
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass
 from typing import Any
 
 from nsys_ledger.api import Result, _graph_level_replays, check
 from nsys_ledger.errors import InputError
 from nsys_ledger.ledger import Expectations
-from nsys_ledger.progress import PROGRESS_ENV
 from nsys_ledger.trace.model import FRAME_SCHEMAS
 
-__all__ = ["CheckedFile", "FailedFile", "check_one_file", "quiet_worker"]
+__all__ = ["CheckedFile", "FailedFile", "check_one_file"]
 
 
 @dataclass(frozen=True)
@@ -34,11 +32,6 @@ class FailedFile:
     kind: type[InputError]
     path: str
     problem: str
-
-
-def quiet_worker() -> None:
-    """Workers share the parent's terminal: only the parent draws a progress line."""
-    os.environ[PROGRESS_ENV] = "0"
 
 
 def check_one_file(
