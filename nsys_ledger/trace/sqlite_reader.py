@@ -50,38 +50,38 @@ FETCH_BATCH = 65_536
 
 def load_sqlite(path: str | os.PathLike[str]) -> Trace:
     """Read the Nsight Systems SQLite export at `path`. Raises TraceError on bad input."""
-    shown = str(path)
-    p = Path(path)
-    head = _check_file(p, shown)
-    with _read_only_uri(p, head, shown) as uri:
-        conn = _connect(uri, shown)
+    with _opened(path) as (conn, uri, shown):
         arrow = ArrowSource(uri)
         try:
             return ExportReader(_SqliteTables(conn, shown, arrow), shown).read()
-        except sqlite3.Error as exc:
-            raise TraceError(shown, _sqlite_problem(exc)) from exc
-        except UnicodeDecodeError as exc:
-            # SQLite's own error message quoted damaged schema bytes that Python cannot decode
-            raise TraceError(shown, "corrupt SQLite database (damaged schema: text that is not UTF-8)") from exc
         finally:
             arrow.close()
-            conn.close()
 
 
 @contextmanager
 def read_only_export(path: str | os.PathLike[str]) -> Iterator[sqlite3.Connection]:
     """The export at `path`, checked like `load_sqlite` checks it, as a read-only connection
     (closed on leaving); an SQLite error met inside becomes TraceError(path, problem)."""
+    with _opened(path) as (conn, _uri, _shown):
+        yield conn
+
+
+@contextmanager
+def _opened(path: str | os.PathLike[str]) -> Iterator[tuple[sqlite3.Connection, str, str]]:
+    """The file checks, then a read-only connection (mode=ro, and nothing beside a WAL-mode
+    file): `(connection, its URI, the path as errors show it)`; an SQLite error met inside
+    becomes TraceError(path, problem)."""
     shown = str(path)
     p = Path(path)
     head = _check_file(p, shown)
-    with _read_only_uri(p, head, shown) as uri:  # mode=ro, and nothing beside a WAL-mode file
+    with _read_only_uri(p, head, shown) as uri:
         conn = _connect(uri, shown)
         try:
-            yield conn
+            yield conn, uri, shown
         except sqlite3.Error as exc:
             raise TraceError(shown, _sqlite_problem(exc)) from exc
         except UnicodeDecodeError as exc:
+            # SQLite's own error message quoted damaged schema bytes that Python cannot decode
             raise TraceError(shown, "corrupt SQLite database (damaged schema: text that is not UTF-8)") from exc
         finally:
             conn.close()
