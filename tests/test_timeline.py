@@ -500,17 +500,6 @@ def test_injected_gaps_are_found_on_every_rank(tmp_path, expectations):
     assert set(result.gaps.filter(pl.col("step_entry"))["cause"]) == {"launch"}
 
 
-def test_layers_of_gap_neighbours_by_position_or_by_join():
-    from nsys_ledger.checks.timeline import _layer_of_rows
-
-    dense = pl.DataFrame({"row": pl.Series([0, 1, 2, 3], dtype=pl.UInt32), "layer": [None, 7, 7, 8]})
-    rows = pl.Series([3, None, 1, 0], dtype=pl.UInt32)
-    assert _layer_of_rows(dense, rows).to_list() == [8, None, 7, None]
-    # a subset of activities (row ids with holes, out of order): looked up by id instead
-    sparse = pl.DataFrame({"row": pl.Series([9, 3, 5], dtype=pl.UInt32), "layer": [41, 8, None]})
-    assert _layer_of_rows(sparse, pl.Series([3, 9, 4, None], dtype=pl.UInt32)).to_list() == [8, 41, None, None]
-
-
 def test_host_split_counts_only_the_launching_threads_own_calls_and_ranges():
     other = THREAD + 1
     api = pl.DataFrame({

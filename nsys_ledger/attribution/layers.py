@@ -283,7 +283,7 @@ def _infer_where_missing(
         activities["layer"].scatter(positions, found["layer"]).alias("layer"),
         activities["how"].scatter(positions, pl.Series([INFERRED] * found.height, dtype=pl.Utf8)).alias("how"),
     )
-    return merged, per_step, _inference_notes(per_step, expectations)
+    return merged, per_step, inference_notes(per_step, expectations)
 
 
 def infer_layers(kernels: pl.DataFrame, expectations: Expectations) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -555,7 +555,7 @@ def _partial_bounds(deviation: pl.DataFrame, typical: pl.DataFrame, n_layers: in
     )
 
 
-def _inference_notes(per_step: pl.DataFrame, expectations: Expectations) -> list[str]:
+def inference_notes(per_step: pl.DataFrame, expectations: Expectations) -> list[str]:
     """One note per kind of repaired or partial step: cut into more or fewer layers than the model has."""
     n_layers = int(expectations.params.get("layers", 0)) or None
     if n_layers is None:

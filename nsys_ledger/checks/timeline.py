@@ -139,42 +139,6 @@ def graph_launches_per_step(steps: Steps) -> pl.DataFrame:
     return launches.group_by(STEP_KEY).agg(pl.len().cast(pl.Int64).alias("graph_launches")).collect()
 
 
-def attach_layers(timeline: Timeline, assignments: pl.DataFrame) -> Timeline:
-    """The timeline with the layer of every gap's and graph break's neighbours, from a layer
-    attribution (`row, layer` per activity, e.g. checks.layers.LayerSummary.assignments).
-    Layers already known stay; activities outside the layers keep null."""
-
-    def with_layers(frame: pl.DataFrame | None) -> pl.DataFrame | None:
-        if frame is None or frame.height == 0:
-            return frame
-        return frame.with_columns(
-            pl.coalesce(pl.col(f"{side}_layer"), _layer_of_rows(assignments, frame[f"{side}_row"]))
-            .alias(f"{side}_layer")
-            for side in ("before", "after")
-        )
-
-    return replace(
-        timeline, gaps=with_layers(timeline.gaps), stream_gaps=with_layers(timeline.stream_gaps),
-        breaks=with_layers(timeline.breaks),
-    )
-
-
-def _layer_of_rows(assignments: pl.DataFrame, rows: pl.Series) -> pl.Series:
-    """The layer of the activities `rows` (null for a null row or one without a layer).
-
-    The attribution of a check holds row r at position r (gpu_activities numbers them), so
-    the layers are gathered: an eager trace has millions of activities and gaps, and a join
-    on the row ids cost seconds there (2.2 s at 5M kernels)."""
-    row = assignments["row"]
-    dense = row.len() > 0 and row[0] == 0 and bool((row.diff().drop_nulls() == 1).all())
-    if dense:  # rows past the attribution (graph-level replays, with_graph_level_replays) have no layer
-        inside = pl.select(pl.when(rows < row.len()).then(rows)).to_series()
-        return assignments["layer"].cast(pl.Int64).gather(inside)
-    lookup = assignments.select(pl.col("row").cast(pl.UInt32), pl.col("layer").cast(pl.Int64)).unique("row")
-    found = pl.DataFrame({"row": rows.cast(pl.UInt32)}).join(lookup, on="row", how="left", maintain_order="left")
-    return found["layer"]
-
-
 def add_timeline_columns(table: pl.DataFrame, timeline: Timeline, batch: int | None) -> pl.DataFrame:
     """The step table plus `replays`, `kernels_per_token`, `h2d_<position>`, the budget and
     the gaps per cause, for each decode step (on the step's device)."""

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from nsys_ledger.attribution.layers import _inference_notes
+from nsys_ledger.attribution.layers import inference_notes
 from nsys_ledger.checks.coverage import NAMES_SCHEMA, OpCoverage
 from nsys_ledger.checks.layers import LayerSummary
 from nsys_ledger.checks.time_use import COPY_KINDS, TimeUse
@@ -102,7 +102,7 @@ def _layers(parts: list[WindowResult], expectations: Expectations | None) -> Lay
     inferred = _by_step([s.inferred for s in summaries])
     notes: tuple[str, ...] = ()
     if expectations is not None and expectations.layer_opening_op and inferred.height:
-        notes = tuple(_inference_notes(inferred, expectations))
+        notes = tuple(inference_notes(inferred, expectations))
     return LayerSummary(
         regex=summaries[0].regex,
         coverage=coverage,
