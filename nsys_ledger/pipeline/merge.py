@@ -17,11 +17,9 @@ from nsys_ledger.attribution.layers import inference_notes
 from nsys_ledger.checks.coverage import NAMES_SCHEMA, OpCoverage
 from nsys_ledger.checks.layers import LayerSummary
 from nsys_ledger.checks.time_use import COPY_KINDS, TimeUse
-from nsys_ledger.checks.timeline import Timeline
+from nsys_ledger.checks.timeline import STEP_KEY, Timeline
 from nsys_ledger.ledger import Expectations
 from nsys_ledger.pipeline.window import WindowResult
-
-STEP_KEY = ["rank", "step"]
 
 
 @dataclass(frozen=True)
@@ -144,8 +142,7 @@ def _time_use(parts: list[WindowResult]) -> TimeUse:
 
 def _copies_grid(copies: pl.DataFrame) -> pl.DataFrame:
     """Every copy kind some window saw, in every step (time_use.copies' grid over all steps)."""
-    seen = set(copies.filter(pl.col("count") > 0)["kind"].to_list()) | set(copies["kind"].to_list())
-    kinds = [*COPY_KINDS, *sorted(seen - set(COPY_KINDS))]
+    kinds = [*COPY_KINDS, *sorted(set(copies["kind"].to_list()) - set(COPY_KINDS))]
     steps = copies.select(STEP_KEY).unique(maintain_order=True)
     grid = steps.join(pl.DataFrame({"kind": kinds}), how="cross")
     order = {kind: i for i, kind in enumerate(kinds)}
