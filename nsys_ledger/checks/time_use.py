@@ -70,8 +70,13 @@ def time_use(steps: Steps, layer_assignments: pl.DataFrame | None = None) -> Tim
     of every activity (LayerSummary.assignments), for time per layer and per layer group."""
     activities = decode_activities(steps, layer_assignments)
     busy = busy_time(activities)
+    # two group-bys of the kernels instead of five: the step, op and group figures add up the
+    # rows per op and group, the layer figures those per layer and group (integer sums: the
+    # same figures)
+    by_op = kernel_time_parts(activities, ["op", "group"])
+    by_layer = kernel_time_parts(activities.lazy().filter(pl.col("layer").is_not_null()), ["layer", "group"])
     step_rows = (
-        busy.join(kernel_time(activities), on=STEP_KEY, how="left")
+        busy.join(kernel_time(by_op), on=STEP_KEY, how="left")
         .join(launch_calls(steps.api_calls), on=STEP_KEY, how="left")
         .join(communication(kernels_in_spans(steps.activities, activities)), on=STEP_KEY, how="left")
         .with_columns(pl.col(c).fill_null(0) for c in STEP_TIME_COLUMNS)
@@ -79,10 +84,10 @@ def time_use(steps: Steps, layer_assignments: pl.DataFrame | None = None) -> Tim
     )
     return TimeUse(
         steps=step_rows,
-        ops=time_by(activities, "op", busy),
-        groups=time_by(activities, "group", busy),
-        layers=time_by(activities.filter(pl.col("layer").is_not_null()), "layer", busy),
-        layer_groups=time_by(activities.filter(pl.col("layer").is_not_null()), ["layer", "group"], busy),
+        ops=time_by(by_op, "op", busy),
+        groups=time_by(by_op, "group", busy),
+        layers=time_by(by_layer, "layer", busy),
+        layer_groups=time_by(by_layer, ["layer", "group"], busy),
         kernels=kernel_names_by_time(activities),
         launch_delay=launch_delay(activities),
         copies=copies(activities, steps.decode.select(STEP_KEY)),
@@ -115,12 +120,19 @@ def union_ns(intervals: pl.DataFrame, key: list[str]) -> pl.DataFrame:
 
     Sorted by start, each interval adds what reaches past the furthest end before it.
     """
-    reach = pl.col("end").cum_max().shift(1).over(key)
-    added = (pl.col("end") - pl.max_horizontal("start", reach.fill_null(pl.col("start")))).clip(lower_bound=0)
     return (
-        intervals.select(*key, "start", "end").sort(*key, "start")
-        .group_by(key, maintain_order=True).agg(added.sum().cast(pl.Int64).alias("union_ns"))
+        intervals.lazy().select(*key, "start", "end").sort(*key, "start")
+        .select(*key, _added_to_union(key).alias("_added"))
+        .group_by(key, maintain_order=True).agg(pl.col("_added").sum().cast(pl.Int64).alias("union_ns"))
+        .collect()
     )
+
+
+def _added_to_union(partition: list[str]) -> pl.Expr:
+    """What each interval adds to the union of its `partition`'s intervals (rows sorted by
+    start within it): its part past the furthest end before it."""
+    reach = pl.col("end").cum_max().shift(1).over(partition)
+    return (pl.col("end") - pl.max_horizontal("start", reach.fill_null(pl.col("start")))).clip(lower_bound=0)
 
 
 def busy_time(activities: pl.DataFrame) -> pl.DataFrame:
@@ -130,21 +142,24 @@ def busy_time(activities: pl.DataFrame) -> pl.DataFrame:
     return device.join(busy, on=STEP_KEY, how="left").select(*STEP_KEY, "device", "busy_ns")
 
 
-def kernel_time(activities: pl.DataFrame) -> pl.DataFrame:
-    """`rank, step, kernels, kernel_ns`: kernels and their summed durations (Σ t_i)."""
-    return activities.filter(pl.col("activity") == "kernel").group_by(STEP_KEY).agg(
+def kernel_time_parts(activities: pl.DataFrame | pl.LazyFrame, columns: list[str]) -> pl.DataFrame:
+    """`rank, step, <columns>, kernels, kernel_ns`: the kernels and their summed durations
+    (Σ t_i) per step and value of `columns`, what `kernel_time` and `time_by` add up."""
+    return activities.lazy().filter(pl.col("activity") == "kernel").group_by(*STEP_KEY, *columns).agg(
         pl.len().cast(pl.Int64).alias("kernels"), _duration().sum().cast(pl.Int64).alias("kernel_ns")
-    )
+    ).collect()
 
 
-def time_by(activities: pl.DataFrame, columns: str | list[str], busy: pl.DataFrame) -> pl.DataFrame:
-    """`rank, step, <columns>, kernels, kernel_ns, share`: kernel time per value of `columns`,
-    `share` of the step's busy time (0 when the step has none)."""
+def kernel_time(parts: pl.DataFrame) -> pl.DataFrame:
+    """`rank, step, kernels, kernel_ns` from any `kernel_time_parts`."""
+    return parts.group_by(STEP_KEY).agg(pl.col("kernels").sum(), pl.col("kernel_ns").sum())
+
+
+def time_by(parts: pl.DataFrame, columns: str | list[str], busy: pl.DataFrame) -> pl.DataFrame:
+    """`rank, step, <columns>, kernels, kernel_ns, share`: kernel time per value of `columns`
+    (`parts`: kernel_time_parts), `share` of the step's busy time (0 when the step has none)."""
     columns = [columns] if isinstance(columns, str) else columns
-    kernels = activities.filter(pl.col("activity") == "kernel")
-    per = kernels.group_by(*STEP_KEY, *columns).agg(
-        pl.len().cast(pl.Int64).alias("kernels"), _duration().sum().cast(pl.Int64).alias("kernel_ns")
-    )
+    per = parts.group_by(*STEP_KEY, *columns).agg(pl.col("kernels").sum(), pl.col("kernel_ns").sum())
     return per.join(busy.select(*STEP_KEY, "busy_ns"), on=STEP_KEY, how="left").select(
         *STEP_KEY, *columns, "kernels", "kernel_ns",
         pl.when(pl.col("busy_ns") > 0).then(pl.col("kernel_ns") / pl.col("busy_ns")).otherwise(0.0).alias("share"),
@@ -187,20 +202,30 @@ def kernels_in_spans(all_activities: pl.DataFrame, decode: pl.DataFrame) -> pl.D
 
 
 def communication(activities: pl.DataFrame) -> pl.DataFrame:
-    """`rank, step, collective_ns, overlapped_ns, exposed_ns` (see the module docstring)."""
-    kernels = activities.filter(pl.col("activity") == "kernel").with_columns(
-        pl.col("name").str.contains(COLLECTIVE_REGEX).fill_null(False).alias("_collective")
+    """`rank, step, collective_ns, overlapped_ns, exposed_ns` (see the module docstring).
+
+    The three unions come from one sort: each kernel adds to the union of all kernels and to
+    that of its own kind (collective or compute)."""
+    kernels = activities.lazy().filter(pl.col("activity") == "kernel")
+    names = kernels.select(pl.col("name").unique().drop_nulls()).collect().to_series()
+    collectives = names.filter(names.str.contains(COLLECTIVE_REGEX))  # the regex once per distinct name
+    ordered = kernels.select(
+        *STEP_KEY, "start", "end", pl.col("name").is_in(collectives.implode()).fill_null(False).alias("_collective"),
+    ).sort(*STEP_KEY, "start")
+    added = ordered.with_columns(
+        _added_to_union(STEP_KEY).alias("_both"), _added_to_union([*STEP_KEY, "_collective"]).alias("_own"),
     )
-    comm = union_ns(kernels.filter(pl.col("_collective")), STEP_KEY).rename({"union_ns": "collective_ns"})
-    compute = union_ns(kernels.filter(~pl.col("_collective")), STEP_KEY).rename({"union_ns": "_compute"})
-    both = union_ns(kernels, STEP_KEY).rename({"union_ns": "_both"})
+    per_step = added.group_by(STEP_KEY, maintain_order=True).agg(
+        pl.col("_own").filter(pl.col("_collective")).sum().cast(pl.Int64).alias("collective_ns"),
+        pl.col("_own").filter(~pl.col("_collective")).sum().cast(pl.Int64).alias("_compute"),
+        pl.col("_both").sum().cast(pl.Int64).alias("_both"),
+        pl.col("_collective").any().alias("_has_collective"),
+    ).filter(pl.col("_has_collective"))  # the steps with a collective, as the union of collectives gives them
     overlapped = pl.col("collective_ns") + pl.col("_compute") - pl.col("_both")
-    return comm.join(compute, on=STEP_KEY, how="left").join(both, on=STEP_KEY, how="left").with_columns(
-        pl.col("_compute").fill_null(0)
-    ).select(
+    return per_step.select(
         *STEP_KEY, "collective_ns", overlapped.alias("overlapped_ns"),
         (pl.col("collective_ns") - overlapped).alias("exposed_ns"),
-    )
+    ).collect()
 
 
 def launch_delay(activities: pl.DataFrame) -> pl.DataFrame:
