@@ -136,11 +136,18 @@ def _place_by_sequence(activities: pl.DataFrame, expectations: Expectations) -> 
     """Each decode kernel of a layer whose class declares a sequence gets the op of the place
     it fills (attribution.sequence), and its group with it; kernels that fill no place keep
     their op. Returns the activities and the layers' edits (sequence.EDIT_SCHEMA)."""
-    in_layers = (
-        activities.with_row_index("_position")
+    kernels = (  # lazy: only the columns read are filtered and sorted, not every column
+        activities.lazy().with_row_index("_position")
         .filter(pl.col("decode").fill_null(False) & (pl.col("activity") == "kernel") & pl.col("layer").is_not_null())
-        .with_columns(pl.coalesce("api_start", "start").alias("_launched"))
-        .sort("rank", "step", "layer", "_launched", "capture_time", "start", nulls_last=True, maintain_order=True)
+        .select("_position", "rank", "step", "layer", "stream", "name", "op",
+                pl.coalesce("api_start", "start").alias("_launched"), "capture_time", "start")
+        .collect()
+    )
+    # by layer on one packed Int64 (frames.packed_key: the same order as the three columns)
+    layer_key = packed_key(kernels, ["rank", "step", "layer"])
+    by_layer = [layer_key] if layer_key is not None else ["rank", "step", "layer"]
+    in_layers = (
+        kernels.sort(*by_layer, "_launched", "capture_time", "start", nulls_last=True, maintain_order=True)
         .select("_position", "rank", "step", "layer", "stream", "name", "op")
     )
     placed, edits = place_ops(in_layers, expectations)
