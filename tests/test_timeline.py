@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 import nsys_ledger
 from nsys_ledger.checks.budget import BUDGET_COLUMNS
-from nsys_ledger.checks.gaps import SPLIT_FIELDS, find_gaps, step_spans
+from nsys_ledger.checks.gaps import SEGMENT_KIND, SPLIT_FIELDS, _overhead_runs, find_gaps, step_spans
 from nsys_ledger.checks.host_time import host_record, host_split
 from nsys_ledger.checks.ranks import compare_ranks
 from nsys_ledger.cli import main
@@ -417,6 +417,16 @@ def test_idle_time_with_profiler_overhead_inside_is_no_gap():
     assert _gaps(rows, overhead=[(21_000, 39_000)]).select("start", "end").rows() == [(45_000, 50_000)]
     assert _gaps(rows).select("start", "end").rows() == [(20_000, 40_000), (45_000, 50_000)]
 
+
+
+def test_every_idle_segment_of_a_quiet_run_with_overhead_becomes_overhead():
+    """Runs of idle and overhead segments at the timeline's start, middle and end, and one
+    without overhead: only the runs holding overhead turn overhead, whole."""
+    kinds = ["overhead", "idle", "busy", "idle", "idle", "busy", "idle", "overhead", "idle", "collective", "idle"]
+    segments = pl.DataFrame({"kind": pl.Series(kinds, dtype=SEGMENT_KIND)})
+    assert _overhead_runs(segments.lazy()).collect()["kind"].to_list() == [
+        "overhead", "overhead", "busy", "idle", "idle", "busy", "overhead", "overhead", "overhead", "collective",
+        "idle"]
 
 # ---------------------------------------------------------------------------------------------
 # Output
