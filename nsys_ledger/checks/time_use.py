@@ -120,12 +120,11 @@ def union_ns(intervals: pl.DataFrame, key: list[str]) -> pl.DataFrame:
 
     Sorted by start, each interval adds what reaches past the furthest end before it.
     """
-    return (
-        intervals.lazy().select(*key, "start", "end").sort(*key, "start")
-        .select(*key, _added_to_union(key).alias("_added"))
-        .group_by(key, maintain_order=True).agg(pl.col("_added").sum().cast(pl.Int64).alias("union_ns"))
-        .collect()
-    )
+    # the sort eager: polars' default (streaming) engine sorts presorted rows by several
+    # columns several times slower than the in-memory sort (0.21 against 0.03 s for 1M rows)
+    ordered = intervals.lazy().select(*key, "start", "end").collect().sort(*key, "start")
+    return ordered.select(*key, _added_to_union(key).alias("_added")).group_by(key, maintain_order=True).agg(
+        pl.col("_added").sum().cast(pl.Int64).alias("union_ns"))
 
 
 def _added_to_union(partition: list[str]) -> pl.Expr:
@@ -138,7 +137,7 @@ def _added_to_union(partition: list[str]) -> pl.Expr:
 def busy_time(activities: pl.DataFrame) -> pl.DataFrame:
     """`rank, step, device, busy_ns`: the union of the step's GPU activity on its device."""
     busy = union_ns(activities, STEP_KEY).rename({"union_ns": "busy_ns"})
-    device = activities.group_by(STEP_KEY).agg(pl.col("device").mode().first())
+    device = activities.lazy().group_by(STEP_KEY).agg(pl.col("device").mode().first()).collect()
     return device.join(busy, on=STEP_KEY, how="left").select(*STEP_KEY, "device", "busy_ns")
 
 
@@ -188,12 +187,12 @@ def kernels_in_spans(all_activities: pl.DataFrame, decode: pl.DataFrame) -> pl.D
     """`rank, step, activity, start, end, name`: every kernel of the trace that starts inside a
     decode step's GPU span on its process and device (the span of the step's own activities),
     its end cut at the span's end; where spans overlap, the later step takes it."""
-    spans = decode.group_by(*STEP_KEY, "pid", "device").agg(
+    spans = decode.lazy().group_by(*STEP_KEY, "pid", "device").agg(
         pl.col("start").min().alias("gpu_start"), pl.col("end").max().alias("gpu_end")
-    ).sort("gpu_start")
-    kernels = all_activities.filter(pl.col("activity") == "kernel").select(
+    ).collect().sort("gpu_start")
+    kernels = all_activities.lazy().filter(pl.col("activity") == "kernel").select(
         "pid", "device", "activity", "start", "end", "name"
-    ).sort("start")
+    ).collect().sort("start")
     placed = kernels.join_asof(
         spans, left_on="start", right_on="gpu_start", by=["pid", "device"], strategy="backward",
         check_sortedness=False,  # both sorted by start above
@@ -211,7 +210,7 @@ def communication(activities: pl.DataFrame) -> pl.DataFrame:
     collectives = names.filter(names.str.contains(COLLECTIVE_REGEX))  # the regex once per distinct name
     ordered = kernels.select(
         *STEP_KEY, "start", "end", pl.col("name").is_in(collectives.implode()).fill_null(False).alias("_collective"),
-    ).sort(*STEP_KEY, "start")
+    ).collect().sort(*STEP_KEY, "start")  # eager: see union_ns
     added = ordered.with_columns(
         _added_to_union(STEP_KEY).alias("_both"), _added_to_union([*STEP_KEY, "_collective"]).alias("_own"),
     )
@@ -225,13 +224,13 @@ def communication(activities: pl.DataFrame) -> pl.DataFrame:
     return per_step.select(
         *STEP_KEY, "collective_ns", overlapped.alias("overlapped_ns"),
         (pl.col("collective_ns") - overlapped).alias("exposed_ns"),
-    ).collect()
+    )
 
 
 def launch_delay(activities: pl.DataFrame) -> pl.DataFrame:
     """`rank, step, mode, count, min_ns, p50_ns, p90_ns, p99_ns, max_ns, mean_ns`: kernel start
     minus launch call start, `eager` per kernel launch, `graph` per replay (its first kernel)."""
-    kernels = activities.filter((pl.col("activity") == "kernel") & pl.col("api_start").is_not_null())
+    kernels = activities.lazy().filter((pl.col("activity") == "kernel") & pl.col("api_start").is_not_null())
     eager = kernels.filter(pl.col("api_kind") == "kernel_launch").select(
         *STEP_KEY, pl.lit("eager").alias("mode"), (pl.col("start") - pl.col("api_start")).alias("delay")
     )
@@ -248,7 +247,7 @@ def launch_delay(activities: pl.DataFrame) -> pl.DataFrame:
     columns = ["min_ns", *DELAY_QUANTILES, "max_ns", "mean_ns"]
     return delays.group_by(*STEP_KEY, "mode").agg(stats).with_columns(
         pl.col(c).cast(pl.Int64) for c in columns
-    ).sort(*STEP_KEY, "mode")
+    ).collect().sort(*STEP_KEY, "mode")
 
 
 def copies(activities: pl.DataFrame, decode_steps: pl.DataFrame) -> pl.DataFrame:
@@ -274,20 +273,20 @@ def copies(activities: pl.DataFrame, decode_steps: pl.DataFrame) -> pl.DataFrame
 
 def streams_per_device(activities: pl.DataFrame) -> pl.DataFrame:
     """`rank, pid, device, streams`: distinct streams that ran decode-step work on each device."""
-    return activities.group_by("rank", "pid", "device").agg(
+    return activities.lazy().group_by("rank", "pid", "device").agg(
         pl.col("stream").n_unique().cast(pl.Int64).alias("streams")
-    ).sort("rank", "pid", "device")
+    ).collect().sort("rank", "pid", "device")
 
 
 def kernel_names_by_time(activities: pl.DataFrame) -> pl.DataFrame:
     """`rank, name, op, kernels, kernel_ns, steps`: every decode kernel name (in full) per rank
     with its launches and summed time over the rank's decode steps, longest first."""
-    kernels = activities.filter(pl.col("activity") == "kernel")
-    steps = activities.group_by("rank").agg(pl.struct("step").n_unique().cast(pl.Int64).alias("steps"))
+    kernels = activities.lazy().filter(pl.col("activity") == "kernel")
+    steps = activities.lazy().group_by("rank").agg(pl.struct("step").n_unique().cast(pl.Int64).alias("steps"))
     return kernels.group_by("rank", "name").agg(
         pl.col("op").first(), pl.len().cast(pl.Int64).alias("kernels"),
         _duration().sum().cast(pl.Int64).alias("kernel_ns"),
-    ).join(steps, on="rank", how="left").sort("rank", "kernel_ns", "name", descending=[False, True, False])
+    ).join(steps, on="rank", how="left").collect().sort("rank", "kernel_ns", "name", descending=[False, True, False])
 
 
 def top_kernels(use: TimeUse, limit: int | None = 10, label_width: int = 60) -> pl.DataFrame:
