@@ -221,17 +221,25 @@ def place_ops(kernels: pl.DataFrame, expectations: Expectations) -> tuple[pl.Dat
     candidates = {name: frozenset(ops) for name, ops in zip(names, classifier.all_matches_many(names))}
     key = ["rank", "step", "layer"]
     # each layer's kernels stream by stream (streams in the order of their first kernel), each
-    # stream in issue order
-    planned = kernels.with_row_index("_order").join(plan_of, on="layer", how="inner")
-    # the layer and the stream's first kernel in one packed Int64 (frames.packed_key): a sort on
-    # it and the issue order is the sort on the four columns, at half the cost
+    # stream in issue order. The names and ops travel as their hashes (a sort and a group-by
+    # of strings copy them, and a hash of lists of strings costs three times that of lists of
+    # integers); the distinct layers' own names and ops are gathered back below by `_order`
+    planned = kernels.select(
+        "_position", *key, "stream", pl.col("name").hash(seed=0).alias("_name_hash"),
+        pl.col("op").hash(seed=0).alias("_op_hash"),
+    ).with_row_index("_order").join(plan_of, on="layer", how="inner", maintain_order="left")
     stream_first = pl.col("_order").min().over(*key, "stream").alias("_stream_first")
     planned = planned.with_columns(stream_first)
+    # the layer and the stream's first kernel in one packed Int64 (frames.packed_key): the rows
+    # are in issue order, so a stable sort on it is the sort on the four columns and the issue
+    # order, at a third of the cost
     stream_key = packed_key(planned, [*key, "_stream_first"])
+    ordered = (planned.sort(stream_key, maintain_order=True) if stream_key is not None
+               else planned.sort(*key, "_stream_first", "_order"))
     layers = (
-        planned.sort(*([stream_key] if stream_key is not None else [*key, "_stream_first"]), "_order")
+        ordered
         .group_by(*key, "_plan", maintain_order=True)
-        .agg(pl.col("_position"), pl.col("name"), pl.col("op"), pl.col("stream").fill_null(-1))
+        .agg("_position", "_order", "_name_hash", "_op_hash", pl.col("stream").fill_null(-1))
     )
     by_plan = {index: plan for plan, index in plan_ids.items()}
     # a GEMM that only a generic op claims (its name states no shape: B200 DeepGEMM `0u, 0u, 0u`,
@@ -244,13 +252,15 @@ def place_ops(kernels: pl.DataFrame, expectations: Expectations) -> tuple[pl.Dat
     # one alignment per distinct layer (plan, names, ops, streams), not per layer and step: a
     # healthy trace has a handful however many steps it holds
     layers = layers.with_columns(
-        pl.struct("_plan", "name", "op", "stream").hash(seed=0).alias("_sig"))
+        pl.struct("_plan", "_name_hash", "_op_hash", "stream").hash(seed=0).alias("_sig"))
     placed_parts: list[pl.DataFrame] = []
     edit_parts: list[pl.DataFrame] = []
-    for signature, plan_index, kernel_names, ops, stream_ids in (
+    for signature, plan_index, order, stream_ids in (
         layers.unique(subset="_sig", keep="first", maintain_order=True)
-        .select("_sig", "_plan", "name", "op", "stream").iter_rows()
+        .select("_sig", "_plan", "_order", "stream").iter_rows()
     ):
+        kernel_names = kernels["name"].gather(order).to_list()
+        ops = kernels["op"].gather(order).to_list()
         plan = by_plan[plan_index]
         streams: list[list[tuple[frozenset[str], str]]] = []
         previous = None
