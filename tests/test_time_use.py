@@ -230,6 +230,19 @@ def test_overlap_of_a_collective_with_compute():
     assert union_ns(kernels, ["rank", "step"]).rows() == [(0, 0, 300)]
 
 
+
+def test_union_per_step_of_interleaved_rows_and_of_a_text_key():
+    """Rows of several steps interleaved, out of start order: rank 0 step 1 is 0-150 and
+    400-410 (160 ns), rank 0 step 2 200-300 (100 ns), rank 1 step 1 50-90 (40 ns); the same
+    with a text key (compare's step kinds), which takes the unpacked path."""
+    intervals = pl.DataFrame({
+        "rank": [0, 1, 0, 0, 1, 0, 0], "step": [1, 1, 1, 2, 1, 2, 1],
+        "start": [0, 50, 50, 200, 70, 250, 400], "end": [100, 80, 150, 300, 90, 260, 410],
+    })
+    assert union_ns(intervals, ["rank", "step"]).rows() == [(0, 1, 160), (0, 2, 100), (1, 1, 40)]
+    named = intervals.with_columns(pl.format("s{}", "step").alias("kind"))
+    assert union_ns(named, ["rank", "kind"]).rows() == [(0, "s1", 160), (0, "s2", 100), (1, "s1", 40)]
+
 def test_distinct_labels_for_names_that_shorten_alike():
     names = [
         "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, std::array<char*, 1ul> >"
