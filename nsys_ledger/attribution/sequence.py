@@ -228,19 +228,30 @@ def place_ops(kernels: pl.DataFrame, expectations: Expectations) -> tuple[pl.Dat
         "_position", *key, "stream", pl.col("name").hash(seed=0).alias("_name_hash"),
         pl.col("op").hash(seed=0).alias("_op_hash"),
     ).with_row_index("_order").join(plan_of, on="layer", how="inner", maintain_order="left")
-    stream_first = pl.col("_order").min().over(*key, "stream").alias("_stream_first")
-    planned = planned.with_columns(stream_first)
-    # the layer and the stream's first kernel in one packed Int64 (frames.packed_key): the rows
-    # are in issue order, so a stable sort on it is the sort on the four columns and the issue
-    # order, at a third of the cost
+    # one packed Int64 (frames.packed_key) stands for several key columns where they fit: a
+    # window or group-by on one integer column is cheaper than on several, and on a column
+    # flagged sorted it takes runs of rows instead of hashing
+    stream_of_layer = packed_key(planned, [*key, "stream"])
+    stream_first = pl.col("_order").min().over(stream_of_layer if stream_of_layer is not None else [*key, "stream"])
+    planned = planned.with_columns(stream_first.alias("_stream_first"))
+    # the rows are in issue order, so a stable sort on the layer and its stream's first kernel
+    # is the sort on them and the issue order
     stream_key = packed_key(planned, [*key, "_stream_first"])
-    ordered = (planned.sort(stream_key, maintain_order=True) if stream_key is not None
-               else planned.sort(*key, "_stream_first", "_order"))
-    layers = (
-        ordered
-        .group_by(*key, "_plan", maintain_order=True)
-        .agg("_position", "_order", "_name_hash", "_op_hash", pl.col("stream").fill_null(-1))
-    )
+    if stream_key is None:
+        ordered, by = planned.sort(*key, "_stream_first", "_order"), [*key, "_plan"]
+    else:
+        # the layer key is the high bits of the stream key (packed over the same rows), so rows
+        # sorted by one are sorted by the other; the plan is the layer's
+        ordered = (
+            planned.with_columns(stream_key.alias("_stream_key"), packed_key(planned, key).alias("_layer_key"))
+            .sort("_stream_key", maintain_order=True)
+            .with_columns(pl.col("_layer_key").set_sorted())
+        )
+        by = ["_layer_key"]
+    layers = ordered.group_by(by, maintain_order=True).agg(
+        *[pl.col(k).first() for k in (*key, "_plan") if k not in by],
+        "_position", "_order", "_name_hash", "_op_hash", pl.col("stream").fill_null(-1),
+    ).drop("_layer_key", strict=False)
     by_plan = {index: plan for plan, index in plan_ids.items()}
     # a GEMM that only a generic op claims (its name states no shape: B200 DeepGEMM `0u, 0u, 0u`,
     # or a tile-named cuBLAS GEMM) may fill the place of any op that declares GEMM shapes
