@@ -16,6 +16,7 @@ import polars as pl
 import pytest
 
 import nsys_ledger
+from nsys_ledger.checks.layers import layer_figures
 from nsys_ledger.errors import ExpectationsError
 from nsys_ledger.report.json_report import result_document
 from nsys_ledger.report.terminal import render
@@ -285,6 +286,31 @@ def test_json_per_layer_counts_are_compact(results):
     finding = result_document(results("glm5-graph-layer41.sqlite"))["findings"][0]
     assert (finding["check"], finding["layers"]) == ("layer_sequence", "41")
 
+
+
+def _layer_kernels(rows: list[tuple]) -> pl.LazyFrame:
+    """(step, layer, op, api_start, capture_time) per kernel, of rank 0, all named `k`."""
+    return pl.DataFrame(rows, orient="row", schema={
+        "step": pl.Int64, "layer": pl.Int64, "op": pl.Utf8, "api_start": pl.Int64, "capture_time": pl.Int64,
+    }).with_columns(pl.lit(0, pl.Int64).alias("rank"), pl.lit("k").alias("name"), pl.col("api_start").alias("start"),
+                    pl.lit("ffn").alias("layer_group")).lazy()
+
+
+def test_layer_sequences_follow_the_issue_order_with_and_without_ties():
+    """Rows out of issue order: each layer's sequence is spelled in launch, then capture
+    order. A second trace adds a layer whose two kernels tie in both (same op, so either
+    order spells the same): the layers are then sorted one by one, with the same result."""
+    rows = [(1, 0, "down", 100, 3), (1, 0, "gate_up", 100, 1), (1, 0, "act", 100, 2),
+            (1, 1, "act", 200, None), (1, 1, "gate_up", 150, None)]
+    tie = [(2, 0, "norm", 300, 5), (2, 0, "norm", 300, 5)]
+    spelled = {}
+    for extra in ([], tie):
+        counts, sequences, texts = layer_figures(_layer_kernels(rows + extra))
+        by_id = dict(texts.iter_rows())
+        spelled[len(extra)] = [by_id[i].replace("\x1f", " ").replace("\x1effn", "")
+                               for i in sequences.filter(pl.col("step") == 1)["sequence_id"]]
+        assert counts.filter(pl.col("step") == 1)["count"].to_list() == [3, 2]
+    assert spelled[0] == spelled[2] == ["gate_up act down", "gate_up act"]
 
 @needs_shared(LLAMA3)
 def test_default_layer_regex_on_a_real_trace():

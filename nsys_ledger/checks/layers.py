@@ -27,7 +27,7 @@ from nsys_ledger.attribution.graph_capture import RESOLVED
 from nsys_ledger.attribution.layers import HOW, NO_LAYER, LayerAttribution
 from nsys_ledger.attribution.sequence import EDIT_SCHEMA, EXTRA
 from nsys_ledger.checks.ledger import CheckOutcome, Finding, compact_ranges, describe_steps, short_kernel_name
-from nsys_ledger.frames import group_agg
+from nsys_ledger.frames import group_agg, packed_key
 from nsys_ledger.ledger.model import Expectations, LayerClass, Range
 
 UNGROUPED = "ungrouped"  # kernels whose op has no group and no sub-module decides one
@@ -162,11 +162,7 @@ def layer_figures(kernels: pl.DataFrame | pl.LazyFrame) -> tuple[pl.DataFrame, p
     # one pass for both: each layer's sequence hash and its count of every group (by code)
     group_names = layered.group_by("_group").agg(pl.col("group").first().cast(pl.Utf8))
     codes = group_names["_group"].to_list()
-    per_layer = group_agg(
-        layered, key,
-        pl.col("_item").sort_by(order, nulls_last=True).alias("_items"),
-        *[(pl.col("_group") == code).sum().alias(f"_count{code}") for code in codes],
-    ).with_columns(pl.col("_items").hash().alias("sequence_id"))
+    per_layer = _items_and_counts(layered, key, order, codes).with_columns(pl.col("_items").hash().alias("sequence_id"))
     del layered
     counts = (
         per_layer.unpivot(index=key, on=[f"_count{code}" for code in codes], variable_name="_code", value_name="count")
@@ -193,6 +189,29 @@ def layer_figures(kernels: pl.DataFrame | pl.LazyFrame) -> tuple[pl.DataFrame, p
     )
     return counts, sequences, texts
 
+
+def _items_and_counts(layered: pl.DataFrame, key: list[str], order: list[str], codes: list[int]) -> pl.DataFrame:
+    """Per layer (`key`): `_items`, its kernels' item hashes in issue order (`order`), and
+    `_count<code>`, its kernels of each group code.
+
+    The rows are sorted once by the layer (packed into one Int64, frames.packed_key) and the
+    issue order, so the group-by takes runs of rows; without ties in the issue order that is
+    the order a sort within each layer gives (measured: 0.19 against 0.26 s for 1M kernels).
+    With ties, or keys that do not pack, each layer's items are sorted on their own."""
+    counts = [(pl.col("_group") == code).sum().alias(f"_count{code}") for code in codes]
+    packed = packed_key(layered, key)
+    if packed is not None:
+        ordered = layered.with_columns(packed.alias("_layer")).sort("_layer", *order, nulls_last=True)
+        tied = (pl.col("_layer") == pl.col("_layer").shift(1)) & pl.all_horizontal(
+            pl.col(c).eq_missing(pl.col(c).shift(1)) for c in order)
+        if not ordered.select(tied.any()).item():
+            return (
+                ordered.with_columns(pl.col("_layer").set_sorted())
+                .group_by("_layer", maintain_order=True)
+                .agg(*[pl.col(k).first() for k in key], pl.col("_item").alias("_items"), *counts)
+                .drop("_layer")
+            )
+    return group_agg(layered, key, pl.col("_item").sort_by(order, nulls_last=True).alias("_items"), *counts)
 
 def check_layers(expectations: Expectations, summary: LayerSummary, decode_steps: int) -> list[CheckOutcome]:
     """The per-layer outcomes for the decode steps where some kernel has a layer.
