@@ -280,6 +280,11 @@ def _q(ident: str) -> str:
     return '"' + ident.replace('"', '""') + '"'
 
 
+def _select_list(columns: Mapping[str, str | None]) -> str:
+    """`col AS out, ...`; NULL for a column the table lacks."""
+    return ", ".join(f"{_q(col) if col else 'NULL'} AS {_q(out)}" for out, col in columns.items())
+
+
 
 class _SqliteTables:
     """The SQLite export as a TableSource: one SELECT per table naming only the needed
@@ -317,11 +322,37 @@ class _SqliteTables:
         keep: RowFilter | None = None,
     ) -> pl.DataFrame:
         """One query over `table`, built batch-wise into polars."""
-        exprs = [f"{_q(col) if col else 'NULL'} AS {_q(out)}" for out, col in columns.items()]
-        sql = f"SELECT {', '.join(exprs)} FROM {_q(table)}"
+        sql = f"SELECT {_select_list(columns)} FROM {_q(table)}"
         if keep is not None:
             sql += f" WHERE {_q(keep.column)} IN ({', '.join(str(int(v)) for v in keep.values)})"
-        schema = dict(schema)
+        return self._frame(table, sql, dict(schema))
+
+    def fetch_chunks(
+        self,
+        table: str,
+        columns: Mapping[str, str | None],
+        schema: Mapping[str, pl.DataType],
+        rows: int,
+    ) -> Iterator[pl.DataFrame]:
+        """`fetch` of the whole `table`, a frame of at most `rows` rows at a time, in the order a
+        whole read gives them (rowid order): each chunk is the next `rows` rowids after the last
+        one read, a seek in the table's B-tree (an export has no other index to range on)."""
+        paged = {**schema, "_rowid": pl.Int64}
+        after: int | None = None
+        while True:
+            where = "" if after is None else f" WHERE rowid > {after}"
+            sql = (f"SELECT {_select_list(columns)}, rowid AS _rowid FROM {_q(table)}{where} "
+                   f"ORDER BY rowid LIMIT {int(rows)}")
+            chunk = self._frame(table, sql, paged)
+            if chunk.height:
+                after = int(chunk["_rowid"][-1])
+                yield chunk.drop("_rowid")
+            if chunk.height < rows:
+                return
+
+    def _frame(self, table: str, sql: str, schema: dict[str, pl.DataType]) -> pl.DataFrame:
+        """The result of `sql` (over `table`) as a frame of `schema`: through the fast path
+        when it vouches for it, else sqlite3, whose data errors name the table."""
         fast = self.arrow.frame(sql, schema) if self.arrow is not None else None
         if fast is not None:
             return contiguous(fast)
