@@ -80,19 +80,11 @@ def cut_window(steps: Steps, plan: WindowPlan, part: int) -> WindowInput:
     """The window's Steps (own host windows, the halo and the overlapping context) and which of
     its activities the window owns."""
     activities = steps.activities
-    windows = plan.windows
-    own = windows.filter(pl.col("part") == part)
+    own, halo = own_and_halo(plan.windows, part)
     if plan.count == 1:
         return WindowInput(part, steps, pl.repeat(True, activities.height, eager=True), own)
-    own_decode = own.filter(pl.col("decode"))
-    edges = own_decode.group_by("rank").agg((pl.col("step").min() - 1).alias("before"),
-                                            (pl.col("step").max() + 1).alias("after"))
-    halo = windows.filter(pl.col("decode")).join(edges, on="rank", how="inner").filter(
-        (pl.col("step") == pl.col("before")) | (pl.col("step") == pl.col("after"))).select(windows.columns)
-    members = pl.concat([own, halo]).select("key", "window").unique()
     own_span = plan.part_spans.filter(pl.col("part") == part)
-    first = min(int(own_span["first"][0]), *(int(t) for t in halo["first"].drop_nulls()))
-    last = max(int(own_span["last"][0]), *(int(t) for t in halo["last"].drop_nulls()))
+    first, last = time_reach(int(own_span["first"][0]), int(own_span["last"][0]), halo)
     # rows are in start order: the window's own rows and the halo's lie between its first start
     # and last end, and so does the context: the rows starting up to `last`, from the first row
     # whose end (a running maximum) reaches `first`
@@ -101,15 +93,43 @@ def cut_window(steps: Steps, plan: WindowPlan, part: int) -> WindowInput:
     sliced = activities.slice(low, high - low)
     owned_rows = plan.part_of_row.slice(low, high - low) == part
     in_halo = plan.window_id_of_row.slice(low, high - low).is_in(halo["window_id"].implode()).fill_null(False)
-    in_set = owned_rows | in_halo
     ends = sliced["end"].fill_null(sliced["start"])
-    keep = in_set | (ends >= first)
-    sub = sliced.with_columns(pl.lit(in_set).alias("_in_set")).filter(pl.lit(keep)).with_columns(
+    return window_input(steps, part, own, halo, sliced, owned_rows, in_halo, ends >= first)
+
+
+def own_and_halo(windows: pl.DataFrame, part: int) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The window's own host windows, and its halo: the decode steps just before and after its
+    own in each rank (rows of a plan's `windows`)."""
+    own = windows.filter(pl.col("part") == part)
+    own_decode = own.filter(pl.col("decode"))
+    edges = own_decode.group_by("rank").agg((pl.col("step").min() - 1).alias("before"),
+                                            (pl.col("step").max() + 1).alias("after"))
+    halo = windows.filter(pl.col("decode")).join(edges, on="rank", how="inner").filter(
+        (pl.col("step") == pl.col("before")) | (pl.col("step") == pl.col("after"))).select(windows.columns)
+    return own, halo
+
+
+def time_reach(own_first: int, own_last: int, halo: pl.DataFrame) -> tuple[int, int]:
+    """The stretch of GPU time a window's figures may involve: from the first start to the last
+    end of its own activities and its halo's."""
+    first = min([own_first, *(int(t) for t in halo["first"].drop_nulls())])
+    last = max([own_last, *(int(t) for t in halo["last"].drop_nulls())])
+    return first, last
+
+
+def window_input(steps: Steps, part: int, own: pl.DataFrame, halo: pl.DataFrame, rows: pl.DataFrame,
+                 owned_rows: pl.Series, in_halo: pl.Series, overlapping: pl.Series) -> WindowInput:
+    """The window's input from `rows`, activities in start order around it: those it owns
+    (`owned_rows`) and the halo's (`in_halo`) with their steps, the others that overlap its time
+    (`overlapping`) as plain non-step work, the rest left out."""
+    in_set = owned_rows | in_halo
+    keep = in_set | overlapping
+    sub = rows.with_columns(pl.lit(in_set).alias("_in_set")).filter(pl.lit(keep)).with_columns(
         pl.when(pl.col("_in_set")).then(pl.col(c)).alias(c) for c in STEP_COLUMNS
     ).drop("_in_set")
-    owned = owned_rows.filter(keep)
+    members = pl.concat([own, halo]).select("key", "window").unique()
     sub_windows = steps.windows.join(members, on=["key", "window"], how="semi")
-    return WindowInput(part, replace(steps, windows=sub_windows, activities=sub), owned, own)
+    return WindowInput(part, replace(steps, windows=sub_windows, activities=sub), owned_rows.filter(keep), own)
 
 
 def run_window(trace: Trace, window: WindowInput, settings: WindowSettings) -> WindowResult:

@@ -235,7 +235,7 @@ class _Tally:
     """What a table read a chunk at a time adds up for its checks and warnings."""
 
     rows: int = 0
-    damaged: dict[str, int] = field(default_factory=dict)
+    damaged: dict[str, int] = field(default_factory=lambda: {"times": 0, "device": 0, "global_pid": 0})
     negative: int = 0  # copies with a negative size
     unnamed: int = 0  # kernels without a name
 
@@ -500,7 +500,7 @@ class ExportReader:
         (`check_activity_rows`) once the table is read through, with the whole table's counts."""
         for chunk in self.fetch_chunks(table, select, schema, rows):
             for problem, count in _damaged_rows(chunk).items():
-                tally.damaged[problem] = tally.damaged.get(problem, 0) + count
+                tally.damaged[problem] += count
             tally.rows += chunk.height
             yield chunk
         self._refuse_damaged_rows(tally.damaged, tally.rows, table, what)

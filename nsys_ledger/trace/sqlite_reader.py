@@ -32,7 +32,8 @@ from nsys_ledger.trace.arrow_fetch import ArrowSource
 from nsys_ledger.trace.export_tables import ExportReader, RowFilter, contiguous
 from nsys_ledger.trace.model import Trace
 
-__all__ = ["export_reader", "load_sqlite", "read_only_export", "SQLITE_MAGIC", "sniff_format"]
+__all__ = ["export_reader", "load_sqlite", "load_sqlite_streamed", "read_only_export", "SQLITE_MAGIC",
+           "sniff_format", "sqlite_kernel_rows"]
 
 _T = TypeVar("_T")
 
@@ -56,6 +57,35 @@ def load_sqlite(path: str | os.PathLike[str]) -> Trace:
             return ExportReader(_SqliteTables(conn, shown, arrow), shown).read()
         finally:
             arrow.close()
+
+
+def load_sqlite_streamed(path: str | os.PathLike[str], rows: int,
+                         consume: Callable[[Trace, str, pl.DataFrame], None]) -> Trace:
+    """`load_sqlite`, but the kernel, copy and memset rows go to `consume` a chunk of at most
+    `rows` at a time instead of into the Trace (ExportReader.read_streamed)."""
+    with _opened(path) as (conn, uri, shown):
+        arrow = ArrowSource(uri)
+        try:
+            return ExportReader(_SqliteTables(conn, shown, arrow), shown).read_streamed(rows, consume)
+        finally:
+            arrow.close()
+
+
+def sqlite_kernel_rows(path: str | os.PathLike[str]) -> int | None:
+    """About how many kernels the SQLite export at `path` holds (its kernel table's largest
+    rowid: a look at the end of its B-tree, not a count), or None when `path` is no readable
+    SQLite export with a kernel table (reading it whole then says what is wrong)."""
+    try:
+        if not Path(path).is_file():
+            return None
+        with open(path, "rb") as fh:
+            if fh.read(len(SQLITE_MAGIC)) != SQLITE_MAGIC:
+                return None
+        with _opened(path) as (conn, _uri, _shown):
+            (largest,) = conn.execute('SELECT max(rowid) FROM "CUPTI_ACTIVITY_KIND_KERNEL"').fetchone()
+    except (OSError, TraceError, sqlite3.Error, TypeError, ValueError):
+        return None
+    return int(largest) if largest is not None else 0
 
 
 @contextmanager
