@@ -31,6 +31,7 @@ from nsys_ledger.pipeline.merge import merge_windows
 from nsys_ledger.pipeline.plan import DEFAULT_WINDOW_STEPS, WHOLE_TRACE, plan_windows
 from nsys_ledger.pipeline.run import run_windows, without_activity_tables
 from nsys_ledger.pipeline.stream import (
+    STORE_WINDOW_STEPS,
     ActivityStore,
     Tallies,
     find_stored_steps,
@@ -196,7 +197,7 @@ def check(
     `per_stream_gaps` also finds the idle gaps of every stream on its own; `cache=False`
     exports an `.nsys-rep` afresh instead of reusing the export kept beside it.
     `window_steps`: decode steps per window of the per-step stages (pipeline.plan; 0: the whole
-    trace in one window; default DEFAULT_WINDOW_STEPS); `jobs`: windows checked at once, in
+    trace in one window; default DEFAULT_WINDOW_STEPS, or STORE_WINDOW_STEPS through a store); `jobs`: windows checked at once, in
     that many local processes; `dask`: on the Dask cluster at this address ("local": a
     LocalCluster of `jobs` workers). The result is the same whatever the window and the jobs.
     `keep_events=False`: the caller needs no per-activity frames (Result.steps.activities,
@@ -207,13 +208,13 @@ def check(
     # The small expectations file first: a typo in it is reported before a big trace is read.
     if expectations is not None and not isinstance(expectations, Expectations):
         expectations = load_expectations(expectations)
-    window_steps = DEFAULT_WINDOW_STEPS if window_steps is None else window_steps
     threshold_ns = _gap_threshold_ns(expectations, gap_us)
     batch = batch if batch is not None else (expectations.batch if expectations else None)
     settings = WindowSettings(expectations, threshold_ns, per_stream_gaps, batch)
     if not isinstance(trace, Trace) and _streams(trace, stream, keep_events, window_steps, dask):
-        return _check_through_store(trace, expectations, settings, window_steps, jobs,
+        return _check_through_store(trace, expectations, settings, window_steps or STORE_WINDOW_STEPS, jobs,
                                     step_nvtx=step_nvtx, step_method=step_method)
+    window_steps = DEFAULT_WINDOW_STEPS if window_steps is None else window_steps
     if not isinstance(trace, Trace):
         with stage(f"reading {Path(trace).name}"):
             trace = load_trace(trace, cache=cache)
@@ -273,7 +274,8 @@ def _merged_result(trace: Trace, expectations: Expectations | None, settings: Wi
     )
 
 
-def _streams(path: str | Path, stream: bool | None, keep_events: bool, window_steps: int, dask: str | None) -> bool:
+def _streams(path: str | Path, stream: bool | None, keep_events: bool, window_steps: int | None,
+             dask: str | None) -> bool:
     """Whether to check `path` through a store on disk (pipeline.stream): an SQLite export, in
     windows of steps (one window would hold them all), on this machine, and asked for or big
     and without the per-activity frames."""

@@ -61,6 +61,12 @@ from nsys_ledger.trace import Trace
 # Rows of an activity table read at once: a chunk's activities with their launch calls and
 # ops are ~60 MB, small next to a window of 256 graph-mode decode steps (~0.5M kernels).
 CHUNK_ROWS = 65_536
+# Decode steps per window when the caller does not say. Through the store, a window's stages are
+# what memory holds at the peak (~0.7 KB per kernel, docs/performance.md): 64 graph-mode GLM steps
+# are ~130k kernels, a check of 1M kernels peaked at 535 MiB (128 steps: 683, 256: 1,009 MiB);
+# each window repeats the stages' fixed costs (~0.4 cpu s), so 16 steps (498 MiB) cost 26 cpu s
+# against 19 for 64.
+STORE_WINDOW_STEPS = 64
 # `_order`: the table's place in STACKING_ORDER above this bit, the row's place in its table below
 ORDER_SHIFT = 40
 NO_TIME_BEFORE = -(2**62)
