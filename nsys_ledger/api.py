@@ -2,8 +2,10 @@
 
 trace file -> Trace -> activities with launch calls and ops -> steps, cut into windows of whole
 steps (pipeline.plan) -> per window: layers, timeline, per-step figures (pipeline.window) ->
-merged (pipeline.merge) -> findings (pipeline.judge). The CLI only parses arguments, calls
-this and renders the Result.
+merged (pipeline.merge) -> findings (pipeline.judge). A big SQLite export whose per-activity
+frames nobody asked for takes the same flow through a store on disk (pipeline.stream): read a
+chunk at a time, steps from the chunks, each window read back. The CLI only parses arguments,
+calls this and renders the Result.
 """
 
 from __future__ import annotations
@@ -97,7 +99,8 @@ class InputFile:
 
 @dataclass(frozen=True)
 class Result:
-    trace: Trace  # in several step windows: without its kernel, copy and memset rows (steps.activities has them)
+    trace: Trace  # in several step windows: without its kernel, copy and memset rows (steps.activities has them;
+    # through a store on disk nothing holds them: pipeline.stream)
     expectations: Expectations | None
     totals: Totals
     steps: Steps
