@@ -39,6 +39,7 @@ from multiprocessing import get_context
 from pathlib import Path
 
 import polars as pl
+import pyarrow.parquet as pq
 
 from nsys_ledger.attribution.activities import STACKING_ORDER, activity_rows, with_launch_calls
 from nsys_ledger.attribution.ops import with_ops
@@ -70,6 +71,8 @@ STORE_WINDOW_STEPS = 64
 # `_order`: the table's place in STACKING_ORDER above this bit, the row's place in its table below
 ORDER_SHIFT = 40
 NO_TIME_BEFORE = -(2**62)
+# Bucket files written at once (each an open file): under the usual limit of 1,024 descriptors
+OPEN_FILES = 256
 STORE_COLUMNS = ("part", "window_id", "_bucket")  # what a bucket holds besides the activities' columns
 
 
@@ -203,28 +206,16 @@ def plan_store(store: ActivityStore, stored: StoredSteps, window_steps: int) -> 
                    .join(earliest, on="part", how="left").sort("part")["first"]
                    .fill_null(strategy="forward").fill_null(NO_TIME_BEFORE).cum_max())
     keys = parts.select("key", "window", "part", "window_id")
-    pieces: dict[int, list[Path]] = {}
-    for index, chunk in enumerate(store.stored_chunks()):
-        bucket = (bucket_from.search_sorted(chunk["start"], side="right").cast(pl.Int64) - 1).clip(0)
-        placed = _placed(stored.finder, chunk, keys).with_columns(bucket.alias("_bucket"))
-        for (bucket,), rows in placed.partition_by("_bucket", as_dict=True).items():
-            piece = store.root / f"piece-{bucket:06d}-{index:06d}.parquet"
-            rows.write_parquet(piece)
-            pieces.setdefault(int(bucket), []).append(piece)
-    for path in store.chunks:
-        path.unlink()
-    store.chunks = []
+    unsorted = _split_into_buckets(store, stored.finder, keys, bucket_from, count)
     step_of_window = steps.windows.select("key", "window", "step", "rank", "decode")
     rows_before = 0
     bucket_spans, owned_spans = [], []
     for bucket in range(count):
-        paths = pieces.get(bucket, [])
-        if not paths:  # no activity starts in this window's time (its steps' started earlier)
+        if bucket not in unsorted:  # no activity starts in this window's time (its steps' started earlier)
             store.buckets.append(None)
             continue
-        rows = _numbered(pl.concat([pl.read_parquet(p) for p in paths]), rows_before, step_of_window)
-        for path in paths:
-            path.unlink()
+        rows = _numbered(pl.read_parquet(unsorted[bucket]), rows_before, step_of_window)
+        unsorted[bucket].unlink()
         rows_before += rows.height
         path = store.root / f"bucket-{bucket:06d}.parquet"
         rows.write_parquet(path, statistics=True)
@@ -236,6 +227,34 @@ def plan_store(store: ActivityStore, stored: StoredSteps, window_steps: int) -> 
                                       orient="row")
     part_spans = pl.concat(owned_spans).group_by("part").agg(pl.col("first").min(), pl.col("last").max())
     return StorePlan(count, windows, part_spans)
+
+
+def _split_into_buckets(store: ActivityStore, finder: StepFinder, keys: pl.DataFrame, bucket_from: pl.Series,
+                        count: int) -> dict[int, Path]:
+    """The stored chunks' activities, placed in their steps, appended to one file per bucket
+    (`_bucket`: the last bucket whose time starts at or before theirs), the chunks removed.
+    At most OPEN_FILES buckets are written at once: more buckets take more passes."""
+    files: dict[int, Path] = {}
+    for low in range(0, count, OPEN_FILES):
+        writers: dict[int, pq.ParquetWriter] = {}
+        try:
+            for chunk in store.stored_chunks():
+                bucket = (bucket_from.search_sorted(chunk["start"], side="right").cast(pl.Int64) - 1).clip(0)
+                placed = _placed(finder, chunk, keys).with_columns(bucket.alias("_bucket")).filter(
+                    pl.col("_bucket").is_between(low, low + OPEN_FILES - 1))
+                for (index,), rows in placed.partition_by("_bucket", as_dict=True).items():
+                    table = rows.to_arrow()
+                    if index not in writers:
+                        files[index] = store.root / f"unsorted-{index:06d}.parquet"
+                        writers[index] = pq.ParquetWriter(files[index], table.schema)
+                    writers[index].write_table(table.cast(writers[index].schema))
+        finally:
+            for writer in writers.values():
+                writer.close()
+    for path in store.chunks:
+        path.unlink()
+    store.chunks = []
+    return files
 
 
 def _placed(finder: StepFinder, activities: pl.DataFrame, keys: pl.DataFrame) -> pl.DataFrame:
