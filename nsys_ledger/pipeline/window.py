@@ -25,7 +25,7 @@ from nsys_ledger.attribution.layers import attribute_layers
 from nsys_ledger.attribution.graph_capture import RESOLVED
 from nsys_ledger.attribution.steps import Steps
 from nsys_ledger.checks.coverage import op_coverage
-from nsys_ledger.checks.layers import LayerSummary, summarize_layers
+from nsys_ledger.checks.layers import LayerSummary, layer_assignments, summarize_layers
 from nsys_ledger.checks.stats import op_counts, step_table
 from nsys_ledger.checks.step_kinds import kind_step_table
 from nsys_ledger.checks.time_use import NO_OP, TimeUse, time_use
@@ -146,11 +146,10 @@ def run_window(trace: Trace, window: WindowInput, settings: WindowSettings) -> W
     attribution = attribute_layers(trace, sub.activities, expectations)
     sub = replace(sub, activities=sub.activities.with_columns(
         attribution.activities["op"], attribution.activities["group"], attribution.activities["layer"]))
-    every_row = summarize_layers(attribution)  # the context's layers too: gap neighbours
     timeline = build_timeline(sub, trace, settings.threshold_ns, per_stream=settings.per_stream_gaps,
                               step_entry=expectations.step_entry_gaps if expectations else None)
     table = add_timeline_columns(step_table(sub, timeline.gaps), timeline, settings.batch)
-    time = time_use(sub, every_row.assignments)
+    time = time_use(sub, layer_assignments(attribution))  # the context's layers too: gap neighbours
 
     mine = _own_steps(own_steps)
     whole = bool(owned.all())  # one window for the whole trace: nothing to cut away (nor to copy)
@@ -158,7 +157,7 @@ def run_window(trace: Trace, window: WindowInput, settings: WindowSettings) -> W
         attribution, activities=attribution.activities.filter(owned),
         inferred=mine(attribution.inferred), edits=mine(attribution.edits), notes=(),
     )
-    layers = every_row if whole else summarize_layers(owned_attribution)
+    layers = summarize_layers(owned_attribution)
     owned_steps = sub if whole else replace(sub, activities=sub.activities.filter(owned))
     own_decode = owned_steps.activities.lazy().filter(pl.col("decode").fill_null(False))
     kinds = own_windows.filter(pl.col("complete") & (pl.col("kind") != "decode")).select(
