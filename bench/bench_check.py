@@ -132,6 +132,19 @@ def run():
     print("RESULT", result.totals.kernels, result.step_table.height, result.verdict)
 """
 
+# What `nsys-ledger check --json` does: no per-activity frames kept, so an export of over a
+# million kernels goes through a store on disk (pipeline.stream) in windows of 64 steps.
+CHECK_STORE = """
+import nsys_ledger
+from nsys_ledger.report.json_report import write_json
+path, expect, json_out = ARGS[:3]
+
+def run():
+    result = nsys_ledger.check(path, expect, stream=True)
+    write_json(result, json_out)
+    print("RESULT", result.totals.kernels, result.step_table.height, result.verdict)
+"""
+
 # The trace read and its decode steps found, before the clock starts (the stage cases below).
 STEPS_SETUP = """
 import nsys_ledger
@@ -304,6 +317,8 @@ def measure_trace(mode: str, size: str, args: argparse.Namespace) -> list[Measur
             args.repeat, CHECK, str(path), str(EXPECT), str(json_out), env={"NSYS_LEDGER_READER": "sqlite3"})))
     check = _best(args.repeat, CHECK, str(path), str(EXPECT), str(json_out))
     rows.append(("check + JSON", check))
+    rows.append(("check + JSON, through the store", _best(
+        args.repeat, CHECK_STORE, str(path), str(EXPECT), str(OUT / f"{path.stem}.store.json"))))
     layers = _best(args.repeat, LAYERS, str(path), str(EXPECT))
     rows.append(("layer attribution alone", layers))
     _, decode_kernels, nvtx_ranges, *by_how = next(

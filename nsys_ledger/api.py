@@ -2,13 +2,16 @@
 
 trace file -> Trace -> activities with launch calls and ops -> steps, cut into windows of whole
 steps (pipeline.plan) -> per window: layers, timeline, per-step figures (pipeline.window) ->
-merged (pipeline.merge) -> findings (pipeline.judge). The CLI only parses arguments, calls
-this and renders the Result.
+merged (pipeline.merge) -> findings (pipeline.judge). A big SQLite export whose per-activity
+frames nobody asked for takes the same flow through a store on disk (pipeline.stream): read a
+chunk at a time, steps from the chunks, each window read back. The CLI only parses arguments,
+calls this and renders the Result.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
 import polars as pl
@@ -27,14 +30,28 @@ from nsys_ledger.frames import group_agg
 from nsys_ledger.ledger import Expectations, StepRule, load_expectations
 from nsys_ledger.pipeline.judge import GRAPH_LEVEL_NOTICE, judge
 from nsys_ledger.pipeline.merge import merge_windows
-from nsys_ledger.pipeline.plan import DEFAULT_WINDOW_STEPS, plan_windows
+from nsys_ledger.pipeline.plan import DEFAULT_WINDOW_STEPS, WHOLE_TRACE, plan_windows
 from nsys_ledger.pipeline.run import run_windows, without_activity_tables
+from nsys_ledger.pipeline.stream import (
+    STORE_WINDOW_STEPS,
+    ActivityStore,
+    Tallies,
+    find_stored_steps,
+    plan_store,
+    read_into_store,
+    run_stored_windows,
+)
 from nsys_ledger.pipeline.window import WindowSettings
 from nsys_ledger.progress import stage
 from nsys_ledger.trace import Trace, load_trace
 from nsys_ledger.trace.kineto_reader import KINETO_VERSION_SOURCE
+from nsys_ledger.trace.sqlite_reader import load_sqlite_streamed, sqlite_kernel_rows
 
 DEFAULT_GAP_THRESHOLD_NS = 2000
+# An SQLite export with more kernels than this is checked through a store on disk when the
+# caller needs no per-activity frames (pipeline.stream): in memory, a check holds ~0.5 KB per
+# kernel (docs/performance.md), so this is where its peak passes ~0.5 GB.
+STREAM_MIN_KERNELS = 1_000_000
 
 # Without expectations, steps are still cut after the sampling kernels of SGLang and vLLM
 # (flashinfer's sampling kernels run eagerly after the decode graph), so the copies issued
@@ -82,7 +99,8 @@ class InputFile:
 
 @dataclass(frozen=True)
 class Result:
-    trace: Trace  # in several step windows: without its kernel, copy and memset rows (steps.activities has them)
+    trace: Trace  # in several step windows: without its kernel, copy and memset rows (steps.activities has them;
+    # through a store on disk nothing holds them: pipeline.stream)
     expectations: Expectations | None
     totals: Totals
     steps: Steps
@@ -173,6 +191,8 @@ def check(
     window_steps: int | None = None,
     jobs: int = 1,
     dask: str | None = None,
+    keep_events: bool = True,
+    stream: bool | None = None,
 ) -> Result:
     """Load the trace (and expectations), find decode steps, count, and compare.
 
@@ -180,18 +200,27 @@ def check(
     `per_stream_gaps` also finds the idle gaps of every stream on its own; `cache=False`
     exports an `.nsys-rep` afresh instead of reusing the export kept beside it.
     `window_steps`: decode steps per window of the per-step stages (pipeline.plan; 0: the whole
-    trace in one window; default DEFAULT_WINDOW_STEPS); `jobs`: windows checked at once, in
+    trace in one window; default DEFAULT_WINDOW_STEPS, or STORE_WINDOW_STEPS through a store); `jobs`: windows checked at once, in
     that many local processes; `dask`: on the Dask cluster at this address ("local": a
     LocalCluster of `jobs` workers). The result is the same whatever the window and the jobs.
+    `keep_events=False`: the caller needs no per-activity frames (Result.steps.activities,
+    layers.assignments), so an SQLite export of more than STREAM_MIN_KERNELS kernels is checked
+    through a store on disk (pipeline.stream), in memory that does not grow with the trace, and
+    its Result has those frames empty; `stream=True` does so for any SQLite export, `False` never.
     """
     # The small expectations file first: a typo in it is reported before a big trace is read.
     if expectations is not None and not isinstance(expectations, Expectations):
         expectations = load_expectations(expectations)
+    threshold_ns = _gap_threshold_ns(expectations, gap_us)
+    batch = batch if batch is not None else (expectations.batch if expectations else None)
+    settings = WindowSettings(expectations, threshold_ns, per_stream_gaps, batch)
+    if not isinstance(trace, Trace) and _streams(trace, stream, keep_events, window_steps, dask):
+        return _check_through_store(trace, expectations, settings, window_steps or STORE_WINDOW_STEPS, jobs,
+                                    step_nvtx=step_nvtx, step_method=step_method)
+    window_steps = DEFAULT_WINDOW_STEPS if window_steps is None else window_steps
     if not isinstance(trace, Trace):
         with stage(f"reading {Path(trace).name}"):
             trace = load_trace(trace, cache=cache)
-    threshold_ns = _gap_threshold_ns(expectations, gap_us)
-    batch = batch if batch is not None else (expectations.batch if expectations else None)
 
     # plan: the steps, and the windows of whole steps the per-step stages run on
     with stage(f"attributing {trace.kernels.height:,} kernels to steps"):
@@ -206,16 +235,20 @@ def check(
         )
     trace = numbered_graph_replays(trace, steps.activities.height)
     totals = trace_totals(trace)
-    plan = plan_windows(steps, DEFAULT_WINDOW_STEPS if window_steps is None else window_steps)
+    plan = plan_windows(steps, window_steps)
     if plan.count > 1:
         # in windows, the kernel, copy and memset tables are not kept beside the activities,
         # which hold all of their columns the checks read (~185 MiB per million kernels)
         trace = without_activity_tables(trace)
-    settings = WindowSettings(expectations, threshold_ns, per_stream_gaps, batch)
     # window: gaps, budget, H2D, layers, time use of each window's steps
     with stage(f"checking {plan.count} window{'s' if plan.count != 1 else ''} of steps"):
         windows = run_windows(trace, steps, plan, settings, jobs=jobs, dask=dask)
-    # merge: the windows' frames as one whole-trace window gives them
+    return _merged_result(trace, expectations, settings, steps, totals, windows, plan.count, step_nvtx)
+
+
+def _merged_result(trace: Trace, expectations: Expectations | None, settings: WindowSettings, steps: Steps,
+                   totals: Totals, windows: list, count: int, step_nvtx: str | None) -> Result:
+    """merge: the windows' frames as one whole-trace window gives them; judge: the outcomes."""
     merged = merge_windows(windows, expectations, steps.decode)
     # Result.steps keeps every activity for the reports that draw or list kernels (HTML, the
     # Chrome trace, to_pandas, learn, diff): their op is the one its place in its layer's
@@ -225,7 +258,6 @@ def check(
     table = merged.table
     ranks = rank_comparison(table)
 
-    # judge: the outcomes from the merged frames
     notices: list[str] = list(trace.meta.warnings)
     if step_nvtx:
         notices += _unmatched_step_nvtx(trace.nvtx, step_nvtx, steps)
@@ -238,11 +270,45 @@ def check(
                          merged.kind_table, graph_level, totals.graph_replays)
     return Result(
         trace=trace, expectations=expectations, totals=totals, steps=steps, step_table=table, op_table=merged.ops,
-        gaps=merged.timeline.gaps, gap_threshold_ns=threshold_ns, outcomes=tuple(outcomes), notices=tuple(notices),
-        timeline=merged.timeline, ranks=ranks, batch=batch, layers=merged.layers, coverage=merged.coverage,
-        time_use=merged.time, step_kinds=kind_counts(steps, expectations), kind_table=merged.kind_table,
-        windows=plan.count,
+        gaps=merged.timeline.gaps, gap_threshold_ns=settings.threshold_ns, outcomes=tuple(outcomes),
+        notices=tuple(notices), timeline=merged.timeline, ranks=ranks, batch=settings.batch, layers=merged.layers,
+        coverage=merged.coverage, time_use=merged.time, step_kinds=kind_counts(steps, expectations),
+        kind_table=merged.kind_table, windows=count,
     )
+
+
+def _streams(path: str | Path, stream: bool | None, keep_events: bool, window_steps: int | None,
+             dask: str | None) -> bool:
+    """Whether to check `path` through a store on disk (pipeline.stream): an SQLite export, in
+    windows of steps (one window would hold them all), on this machine, and asked for or big
+    and without the per-activity frames."""
+    if stream is False or window_steps == WHOLE_TRACE or dask is not None:
+        return False
+    kernels = sqlite_kernel_rows(path)
+    if kernels is None:
+        return False
+    return bool(stream) or (not keep_events and kernels > STREAM_MIN_KERNELS)
+
+
+def _check_through_store(path: str | Path, expectations: Expectations | None, settings: WindowSettings,
+                         window_steps: int, jobs: int, *, step_nvtx: str | None, step_method: str | None) -> Result:
+    """`check` of an SQLite export through a store on disk (pipeline.stream)."""
+    store = ActivityStore.create()
+    try:
+        with stage(f"reading {Path(path).name} into windows of steps"):
+            trace, tallies = read_into_store(partial(load_sqlite_streamed, path), store, expectations,
+                                             lambda light: _step_rule(expectations, light))
+        with stage(f"attributing {tallies.kernels:,} kernels to steps"):
+            stored = find_stored_steps(store, trace, tallies, _step_rule(expectations, trace),
+                                       step_nvtx=step_nvtx, method=step_method)
+            plan = plan_store(store, stored, window_steps)
+        trace = numbered_graph_replays(trace, tallies.activities)
+        totals = _stored_totals(trace, tallies)
+        with stage(f"checking {plan.count} window{'s' if plan.count != 1 else ''} of steps"):
+            windows = run_stored_windows(trace, stored.steps, store, plan, settings, jobs=jobs)
+    finally:
+        store.close()
+    return _merged_result(trace, expectations, settings, stored.steps, totals, windows, plan.count, step_nvtx)
 
 
 def _step_rule(expectations: Expectations | None, trace: Trace) -> StepRule:
@@ -307,6 +373,20 @@ def trace_totals(trace: Trace) -> Totals:
         nvtx_ranges=trace.nvtx.height,
         api_launches=launches.height,
         graph_replays=int(graph_replays),
+    )
+
+
+def _stored_totals(trace: Trace, tallies: Tallies) -> Totals:
+    """trace_totals, from what the store's chunks added up."""
+    launches = trace.api_calls.filter(pl.col("kind").is_in(["kernel_launch", "graph_launch"]))
+    return Totals(
+        kernels=tallies.kernels,
+        kernels_by_device={int(k): int(v) for k, v in sorted(tallies.kernels_by_device.items())},
+        h2d_copies=tallies.h2d_copies,
+        h2d_pageable=tallies.h2d_pageable,
+        nvtx_ranges=trace.nvtx.height,
+        api_launches=launches.height,
+        graph_replays=int(trace.graph_replays.height or tallies.node_level_replays()),
     )
 
 

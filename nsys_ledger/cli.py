@@ -115,7 +115,9 @@ def main() -> None:
                    "for one file, processes for its step windows (default 1).")
 @click.option("--window-steps", type=click.IntRange(0), default=None, metavar="N",
               help="Decode steps per window of the per-step checks: memory follows the window, not the "
-                   "trace (default 256; 0: the whole trace in one window). The result is the same.")
+                   "trace (default 256; 64 for an export of over a million kernels, read through a store on "
+                   "disk unless --html or --trace-out needs its kernels; 0: the whole trace in one window, "
+                   "in memory). The result is the same.")
 @click.option("--dask", "dask_address", metavar="ADDRESS",
               help="Check several trace files (or the step windows of one) on a Dask cluster: the "
                    "scheduler's address (tcp://host:8786), or `local` for a LocalCluster on this machine "

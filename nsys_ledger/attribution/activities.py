@@ -30,28 +30,43 @@ ACTIVITY_COLUMNS = [
 
 def gpu_activities(trace: Trace) -> pl.DataFrame:
     """All GPU activities in one frame, sorted by start, with `row` as a stable id."""
-    kernels = trace.kernels.select(
-        pl.lit("kernel").alias("activity"),
-        "start", "end", "device", "stream", "pid", "correlation", "name", "graph_node_id",
-        pl.lit(None, pl.Int64).alias("bytes"),
-        pl.lit(None, pl.Utf8).alias("copy_kind"),
-        pl.lit(None, pl.Utf8).alias("src_kind"),
-    )
-    memcpys = trace.memcpys.select(
-        pl.lit("memcpy").alias("activity"),
-        "start", "end", "device", "stream", "pid", "correlation",
-        pl.concat_str(pl.lit("memcpy "), pl.col("copy_kind")).alias("name"),
-        "graph_node_id", "bytes", "copy_kind", "src_kind",
-    )
-    memsets = trace.memsets.select(
-        pl.lit("memset").alias("activity"),
-        "start", "end", "device", "stream", "pid", "correlation",
-        pl.lit("memset").alias("name"),
-        "graph_node_id", "bytes",
-        pl.lit(None, pl.Utf8).alias("copy_kind"),
-        pl.lit(None, pl.Utf8).alias("src_kind"),
-    )
-    return pl.concat([kernels, memcpys, memsets], how="vertical").sort("start").with_row_index("row")
+    stacked = [activity_rows(kind, getattr(trace, kind)) for kind in STACKING_ORDER]
+    return pl.concat(stacked, how="vertical").sort("start", maintain_order=True).with_row_index("row")
+
+
+# Among activities that start at the same time, kernels come first, then copies, then memsets,
+# each in the order of its table: `row` numbers them in start order, then this order.
+STACKING_ORDER = ("kernels", "memcpys", "memsets")
+
+
+def activity_rows(kind: str, frame: pl.DataFrame) -> pl.DataFrame:
+    """The rows of one of the Trace's activity frames (`kind`: "kernels", "memcpys" or
+    "memsets") with ACTIVITY_COLUMNS."""
+    if kind == "kernels":
+        return frame.select(
+            pl.lit("kernel").alias("activity"),
+            "start", "end", "device", "stream", "pid", "correlation", "name", "graph_node_id",
+            pl.lit(None, pl.Int64).alias("bytes"),
+            pl.lit(None, pl.Utf8).alias("copy_kind"),
+            pl.lit(None, pl.Utf8).alias("src_kind"),
+        )
+    if kind == "memcpys":
+        return frame.select(
+            pl.lit("memcpy").alias("activity"),
+            "start", "end", "device", "stream", "pid", "correlation",
+            pl.concat_str(pl.lit("memcpy "), pl.col("copy_kind")).alias("name"),
+            "graph_node_id", "bytes", "copy_kind", "src_kind",
+        )
+    if kind == "memsets":
+        return frame.select(
+            pl.lit("memset").alias("activity"),
+            "start", "end", "device", "stream", "pid", "correlation",
+            pl.lit("memset").alias("name"),
+            "graph_node_id", "bytes",
+            pl.lit(None, pl.Utf8).alias("copy_kind"),
+            pl.lit(None, pl.Utf8).alias("src_kind"),
+        )
+    raise ValueError(f"not an activity frame: {kind!r}")
 
 
 def with_launch_calls(activities: pl.DataFrame, api_calls: pl.DataFrame) -> pl.DataFrame:

@@ -69,11 +69,12 @@ def kind_by_kernels(names: list[str]) -> str:
     return DEFAULT_KIND
 
 
-def window_kinds(windows: pl.DataFrame, activities: pl.DataFrame, contained_annotations: pl.DataFrame) -> pl.DataFrame:
+def window_kinds(windows: pl.DataFrame, attention: pl.DataFrame, contained_annotations: pl.DataFrame) -> pl.DataFrame:
     """`key, window, kind, kind_source` for every window.
 
-    `activities`: placed activities (`key, window, name`); `contained_annotations`: step
-    annotations placed in windows (`key, window, name`), in start order."""
+    `attention`: `key, window, _prefill, _decode`, whether the window's kernels include
+    prefill or decode attention (attribution.steps.window_summary); `contained_annotations`:
+    step annotations placed in windows (`key, window, name`), in start order."""
     by_label = windows.select("key", "window", pl.col("label").alias("name")).filter(pl.col("name").is_not_null())
     annotated = pl.concat([by_label, contained_annotations.select("key", "window", "name")], how="vertical")
     named = (
@@ -83,14 +84,6 @@ def window_kinds(windows: pl.DataFrame, activities: pl.DataFrame, contained_anno
         .first()
         .select("key", "window", "kind", pl.concat_str(pl.lit("annotation '"), pl.col("name"), pl.lit("'"))
                 .alias("kind_source"))
-    )
-    attention = (
-        activities.lazy()
-        .filter(pl.col("window").is_not_null() & (pl.col("activity") == "kernel"))
-        .group_by("key", "window")
-        .agg(pl.col("name").str.contains(PREFILL_ATTENTION_REGEX).any().alias("_prefill"),
-             pl.col("name").str.contains(DECODE_ATTENTION_REGEX).any().alias("_decode"))
-        .collect()
     )
     by_kernels = (
         windows.select("key", "window")

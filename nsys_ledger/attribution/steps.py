@@ -34,8 +34,13 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from nsys_ledger.attribution.step_kinds import STEP_ANNOTATION_REGEX, window_kinds
-from nsys_ledger.frames import group_agg, left_join_keys
+from nsys_ledger.attribution.step_kinds import (
+    DECODE_ATTENTION_REGEX,
+    PREFILL_ATTENTION_REGEX,
+    STEP_ANNOTATION_REGEX,
+    window_kinds,
+)
+from nsys_ledger.frames import left_join_keys
 from nsys_ledger.ledger.model import StepRule
 from nsys_ledger.trace.kineto_reader import GPU_RANGE_CATS
 
@@ -90,92 +95,178 @@ def find_steps(
     method: str | None = None,
 ) -> Steps:
     """Choose the step method, build its windows, place activities and calls in them."""
-    nvtx_regex = step_nvtx or (rule.nvtx_regex if rule else None)
-    marker_regex = rule.marker_regex if rule else None
-    chosen = method or (rule.method if rule else "auto")
-    if chosen == "auto":
-        chosen = _auto_method(activities, api_calls, nvtx, nvtx_regex, marker_regex)
+    finder = StepFinder(api_calls, nvtx, rule, step_nvtx=step_nvtx, method=method)
+    finder.choose(marker_calls(activities, finder.marker_regex), activities["pid"])
+    placed = finder.place(activities)
+    return finder.steps(window_summary(placed, rule), placed)
 
-    if chosen == "nvtx":
-        if not nvtx_regex:
-            raise ValueError("step method nvtx needs a range regex (--step-nvtx or [steps] nvtx)")
-        windows = _nvtx_windows(nvtx, nvtx_regex)
-        detail = f"NVTX ranges matching /{nvtx_regex}/ ({windows.height} ranges)"
-        by_thread = True
-    elif chosen == "graph":
-        marker_calls = _marker_calls(activities, marker_regex)
-        if marker_calls.height:
-            windows = _windows_from_cuts(marker_calls, left_closed=False)
-            detail = (
-                "CUDA graph launches; each step ends with the launch of the marker kernel "
-                f"/{marker_regex}/ that runs after the replay"
-            )
+
+class StepFinder:
+    """`find_steps` in stages, so that the activities may come in parts (a trace read a chunk
+    at a time, pipeline.stream): `choose` from the marker kernels' launches and the
+    activities' processes, `place` each part, `steps` from the parts' `window_summary`s
+    added up (`add_summaries`)."""
+
+    def __init__(self, api_calls: pl.DataFrame, nvtx: pl.DataFrame, rule: StepRule | None, *,
+                 step_nvtx: str | None = None, method: str | None = None):
+        self.api_calls, self.nvtx, self.rule = api_calls, nvtx, rule
+        self.nvtx_regex = step_nvtx or (rule.nvtx_regex if rule else None)
+        self.marker_regex = rule.marker_regex if rule else None
+        self.requested = method or (rule.method if rule else "auto")
+        self.chosen = ""
+        self.detail = ""
+        self.by_thread = False
+        self.windows = pl.DataFrame(schema=WINDOW_SCHEMA)
+
+    def choose(self, markers: pl.DataFrame, pids: pl.Series) -> None:
+        """The method and its windows. `markers`: `pid, t` of the marker kernels' launches
+        (`marker_calls`), `pids`: the processes of the activities (for `capture`)."""
+        chosen = self.requested
+        if chosen == "auto":
+            chosen = _auto_method(self.api_calls, self.nvtx, self.nvtx_regex, markers)
+        if chosen == "nvtx":
+            if not self.nvtx_regex:
+                raise ValueError("step method nvtx needs a range regex (--step-nvtx or [steps] nvtx)")
+            self.windows = _nvtx_windows(self.nvtx, self.nvtx_regex)
+            self.detail = f"NVTX ranges matching /{self.nvtx_regex}/ ({self.windows.height} ranges)"
+            self.by_thread = True
+        elif chosen == "graph":
+            if markers.height:
+                self.windows = _windows_from_cuts(markers, left_closed=False)
+                self.detail = (
+                    "CUDA graph launches; each step ends with the launch of the marker kernel "
+                    f"/{self.marker_regex}/ that runs after the replay"
+                )
+            else:
+                launches = self.api_calls.filter(pl.col("kind") == "graph_launch").select(
+                    "pid", pl.col("start").alias("t"))
+                self.windows = _windows_from_cuts(launches, left_closed=True)
+                self.detail = "CUDA graph launches; each cudaGraphLaunch opens a step (no marker kernel found)"
+        elif chosen == "marker":
+            if not self.marker_regex:
+                raise ValueError("step method marker needs a marker kernel regex ([steps] marker)")
+            self.windows = _windows_from_cuts(markers, left_closed=False)
+            self.detail = f"marker kernel /{self.marker_regex}/ ends each step"
+        elif chosen == "capture":
+            self.windows = _capture_windows(pids)
+            self.detail = "the whole capture of each process is one step (--step-method capture)"
+        elif chosen == "none":
+            self.windows = pl.DataFrame(schema=WINDOW_SCHEMA)
+            self.detail = "no steps found: no step NVTX range, no CUDA graph launch, no marker kernel"
         else:
-            launches = api_calls.filter(pl.col("kind") == "graph_launch").select("pid", pl.col("start").alias("t"))
-            windows = _windows_from_cuts(launches, left_closed=True)
-            detail = "CUDA graph launches; each cudaGraphLaunch opens a step (no marker kernel found)"
-        by_thread = False
-    elif chosen == "marker":
-        if not marker_regex:
-            raise ValueError("step method marker needs a marker kernel regex ([steps] marker)")
-        windows = _windows_from_cuts(_marker_calls(activities, marker_regex), left_closed=False)
-        detail = f"marker kernel /{marker_regex}/ ends each step"
-        by_thread = False
-    elif chosen == "capture":
-        windows = _capture_windows(activities)
-        detail = "the whole capture of each process is one step (--step-method capture)"
-        by_thread = False
-    elif chosen == "none":
-        windows = pl.DataFrame(schema=WINDOW_SCHEMA)
-        detail = "no steps found: no step NVTX range, no CUDA graph launch, no marker kernel"
-        by_thread = False
+            raise ValueError(f"unknown step method {chosen!r}")
+        self.chosen = chosen
+
+    def place(self, activities: pl.DataFrame) -> pl.DataFrame:
+        """`activities` (all of them or a part) with the `key, window` that holds each."""
+        if self.chosen == "capture":
+            # the whole capture is the step: a kernel whose launch fell before a cut window (its
+            # call is not in the export) still belongs to it, by its own start
+            at = activities.with_columns(pl.coalesce("api_start", "start").alias("_placed_at"))
+            return _place(at, self.windows, time_col="_placed_at", key_col="pid").drop("_placed_at")
+        placed = _place(activities, self.windows, time_col="api_start",
+                        key_col="api_tid" if self.by_thread else "pid")
+        return _place_other_threads(placed, self.windows) if self.by_thread else placed
+
+    def steps(self, summary: WindowSummary, placed: pl.DataFrame) -> Steps:
+        """The Steps, from the activities' summary; `placed`: the activities with their windows
+        (an empty frame when they are kept elsewhere: pipeline.stream)."""
+        calls = self.api_calls.rename({"start": "api_start", "global_tid": "api_tid"})
+        placed_calls = _place(calls, self.windows, time_col="api_start", key_col="api_tid" if self.by_thread else "pid")
+        if self.by_thread:
+            placed_calls = _place_other_threads(placed_calls, self.windows)
+        placed_calls = placed_calls.rename({"api_start": "start", "api_tid": "global_tid"})
+        judged = _judge_windows(self.windows, summary, placed_calls, self.nvtx, self.rule, self.chosen, self.by_thread)
+        numbered = _number_decode_steps(judged)
+        step_of_window = numbered.select("key", "window", "step", "rank", "decode")
+        return Steps(
+            method=self.chosen,
+            detail=self.detail,
+            windows=numbered,
+            activities=_with_steps(placed, step_of_window),
+            api_calls=_with_steps(placed_calls, step_of_window),
+            rule=self.rule,
+            launch_threads=_decode_launch_threads(summary.launches, step_of_window),
+        )
+
+
+@dataclass(frozen=True)
+class WindowSummary:
+    """What judging the windows needs of their activities, per window: `key, window,
+    activities, excluded_op, _excluded_at` (the first activity of an excluded op: its
+    start, table and place there), `_prefill, _decode` (attention kernels of either kind);
+    and `launches`: `key, window, tid, launches` (activities per launching thread)."""
+
+    windows: pl.DataFrame
+    launches: pl.DataFrame
+
+
+def window_summary(placed: pl.DataFrame, rule: StepRule | None) -> WindowSummary:
+    """The summary of placed activities (all of them, or a part: `add_summaries` adds parts).
+    The order of activities is `start`, then `_order` where the activities have it (the
+    stacking order: pipeline.stream), else `row`."""
+    excluded_ops = list(rule.exclude_ops) if rule else []
+    order = "_order" if "_order" in placed.columns else "row"
+    in_window = placed.lazy().filter(pl.col("window").is_not_null())
+    if excluded_ops and "op" in placed.columns:
+        excluded = pl.col("op").is_in(excluded_ops)
+        by = [pl.col("start").filter(excluded), pl.col(order).filter(excluded)]
+        first_excluded = [pl.col(c).filter(excluded).sort_by(by).first().alias(alias)
+                          for c, alias in (("op", "excluded_op"), ("start", "_excluded_start"), (order, "_excluded_order"))]
     else:
-        raise ValueError(f"unknown step method {chosen!r}")
-
-    if chosen == "capture":
-        # the whole capture is the step: a kernel whose launch fell before a cut window (its
-        # call is not in the export) still belongs to it, by its own start
-        at = activities.with_columns(pl.coalesce("api_start", "start").alias("_placed_at"))
-        placed = _place(at, windows, time_col="_placed_at", key_col="pid").drop("_placed_at")
-    else:
-        placed = _place(activities, windows, time_col="api_start", key_col="api_tid" if by_thread else "pid")
-    calls = api_calls.rename({"start": "api_start", "global_tid": "api_tid"})
-    placed_calls = _place(calls, windows, time_col="api_start", key_col="api_tid" if by_thread else "pid")
-    if by_thread:
-        placed = _place_other_threads(placed, windows)
-        placed_calls = _place_other_threads(placed_calls, windows)
-    placed_calls = placed_calls.rename({"api_start": "start", "api_tid": "global_tid"})
-    judged = _judge_windows(windows, placed, placed_calls, nvtx, rule, chosen, by_thread)
-    numbered = _number_decode_steps(judged)
-    step_of_window = numbered.select("key", "window", "step", "rank", "decode")
-    stepped = _with_steps(placed, step_of_window)
-    return Steps(
-        method=chosen,
-        detail=detail,
-        windows=numbered,
-        activities=stepped,
-        api_calls=_with_steps(placed_calls, step_of_window),
-        rule=rule,
-        launch_threads=launches_by_thread(stepped),
-    )
-
-
-def launches_by_thread(activities: pl.DataFrame) -> pl.DataFrame:
-    """Per decode step and launching thread (`tid`: the launching call's thread id as the
-    trace gives it): the GPU activities it launched, `rank, step, tid, launches`."""
-    return (
-        activities.lazy()
-        .filter(pl.col("decode").fill_null(False) & pl.col("api_tid").is_not_null())
-        .group_by("rank", "step", (pl.col("api_tid") % THREAD_ID_MODULUS).alias("tid"))
-        .agg(pl.len().cast(pl.Int64).alias("launches"))
-        .sort("rank", "step", "tid")
+        first_excluded = [pl.lit(None, pl.Utf8).alias("excluded_op"), pl.lit(None, pl.Int64).alias("_excluded_start"),
+                          pl.lit(None, pl.Int64).alias("_excluded_order")]
+    is_kernel = pl.col("activity") == "kernel"
+    windows = (
+        in_window.group_by("key", "window")
+        .agg(
+            pl.len().cast(pl.Int64).alias("activities"),
+            *first_excluded,
+            (is_kernel & pl.col("name").str.contains(PREFILL_ATTENTION_REGEX)).any().alias("_prefill"),
+            (is_kernel & pl.col("name").str.contains(DECODE_ATTENTION_REGEX)).any().alias("_decode"),
+        )
+        .with_columns(pl.col("_excluded_start").cast(pl.Int64), pl.col("_excluded_order").cast(pl.Int64))
         .collect()
     )
+    launches = (
+        in_window.filter(pl.col("api_tid").is_not_null())
+        .group_by("key", "window", (pl.col("api_tid") % THREAD_ID_MODULUS).alias("tid"))
+        .agg(pl.len().cast(pl.Int64).alias("launches"))
+        .collect()
+    )
+    return WindowSummary(windows, launches)
 
 
-def _capture_windows(activities: pl.DataFrame) -> pl.DataFrame:
+def add_summaries(parts: list[WindowSummary]) -> WindowSummary:
+    """The summary of all the parts' activities together."""
+    windows = (
+        pl.concat([p.windows for p in parts], how="vertical_relaxed")
+        .sort("_excluded_start", "_excluded_order", nulls_last=True, maintain_order=True)
+        .group_by("key", "window", maintain_order=True)
+        .agg(pl.col("activities").sum(), pl.col("excluded_op").first(), pl.col("_excluded_start").first(),
+             pl.col("_excluded_order").first(), pl.col("_prefill").any(), pl.col("_decode").any())
+    )
+    launches = pl.concat([p.launches for p in parts], how="vertical_relaxed").group_by("key", "window", "tid").agg(
+        pl.col("launches").sum())
+    return WindowSummary(windows, launches)
+
+
+def _decode_launch_threads(launches: pl.DataFrame, step_of_window: pl.DataFrame) -> pl.DataFrame:
+    """Per decode step and launching thread (`tid`: the launching call's thread id as the trace
+    gives it): the GPU activities it launched, `rank, step, tid, launches`."""
+    decode = step_of_window.filter(pl.col("decode").fill_null(False))
+    return (
+        launches.join(decode, on=["key", "window"], how="inner")
+        .group_by("rank", "step", "tid")
+        .agg(pl.col("launches").sum().cast(pl.Int64))
+        .select("rank", "step", "tid", "launches")
+        .sort("rank", "step", "tid")
+    )
+
+
+def _capture_windows(pids: pl.Series) -> pl.DataFrame:
     """One window per process, over all of its host time."""
-    pids = activities.select(pl.col("pid").unique().drop_nulls().sort())["pid"]
+    pids = pids.unique().drop_nulls().sort()
     return pl.DataFrame(
         {
             "key": pids, "pid": pids, "window": [0] * len(pids), "host_start": [NO_TIME_BEFORE] * len(pids),
@@ -185,24 +276,19 @@ def _capture_windows(activities: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def _auto_method(
-    activities: pl.DataFrame,
-    api_calls: pl.DataFrame,
-    nvtx: pl.DataFrame,
-    nvtx_regex: str | None,
-    marker_regex: str | None,
-) -> str:
+def _auto_method(api_calls: pl.DataFrame, nvtx: pl.DataFrame, nvtx_regex: str | None, markers: pl.DataFrame) -> str:
     if nvtx_regex and nvtx.filter(pl.col("name").str.contains(nvtx_regex)).height:
         return "nvtx"
     if api_calls.filter(pl.col("kind") == "graph_launch").height:
         return "graph"
-    if marker_regex and _marker_calls(activities, marker_regex).height:
+    if markers.height:
         return "marker"
     return "none"
 
 
-def _marker_calls(activities: pl.DataFrame, marker_regex: str | None) -> pl.DataFrame:
-    """Host start of each marker kernel's launching call: `pid, t`."""
+def marker_calls(activities: pl.DataFrame, marker_regex: str | None) -> pl.DataFrame:
+    """Host start of each marker kernel's launching call: `pid, t` (of all the activities, or
+    of a part: the parts' calls stacked are all of them; `_windows_from_cuts` drops repeats)."""
     if not marker_regex:
         return pl.DataFrame(schema={"pid": pl.Int64, "t": pl.Int64})
     re.compile(marker_regex)
@@ -343,7 +429,7 @@ def _with_steps(placed: pl.DataFrame, step_of_window: pl.DataFrame) -> pl.DataFr
 
 def _judge_windows(
     windows: pl.DataFrame,
-    activities: pl.DataFrame,
+    summary: WindowSummary,
     api_calls: pl.DataFrame,
     nvtx: pl.DataFrame,
     rule: StepRule | None,
@@ -354,29 +440,19 @@ def _judge_windows(
 
     Windows that hold no GPU activity are dropped (they are idle host time, not steps).
     """
-    activity_counts = group_agg(
-        activities.lazy().filter(pl.col("window").is_not_null()), ["key", "window"], pl.len().alias("activities")
-    )
+    activity_counts = summary.windows.select("key", "window", "activities", "excluded_op")
     graph_launches = (
         api_calls.filter(pl.col("window").is_not_null() & (pl.col("kind") == "graph_launch"))
         .group_by("key", "window")
         .agg(pl.len().alias("graph_launches"))
     )
-    excluded_ops = rule.exclude_ops if rule else ()
-    op_hits = (
-        activities.filter(pl.col("window").is_not_null() & pl.col("op").is_in(list(excluded_ops)))
-        .group_by("key", "window")
-        .agg(pl.col("op").first().alias("excluded_op"))
-        if excluded_ops and "op" in activities.columns
-        else pl.DataFrame(schema={"key": pl.Int64, "window": pl.Int64, "excluded_op": pl.Utf8})
-    )
     nvtx_hits = _windows_with_excluded_nvtx(windows, nvtx, rule, by_thread)
-    kinds = window_kinds(windows, activities, _step_annotations_in_windows(windows, nvtx, by_thread))
+    attention = summary.windows.select("key", "window", "_prefill", "_decode")
+    kinds = window_kinds(windows, attention, _step_annotations_in_windows(windows, nvtx, by_thread))
 
     judged = (
         windows.join(activity_counts, on=["key", "window"], how="inner")
         .join(graph_launches, on=["key", "window"], how="left")
-        .join(op_hits, on=["key", "window"], how="left")
         .join(nvtx_hits, on=["key", "window"], how="left")
         .join(kinds, on=["key", "window"], how="left")
         .with_columns(pl.col("graph_launches").fill_null(0))

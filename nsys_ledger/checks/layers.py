@@ -104,10 +104,16 @@ def summarize_layers(attribution: LayerAttribution) -> LayerSummary:
         sequence_texts=texts,
         inferred=attribution.inferred,
         unresolved_graph_nodes=unresolved,
-        assignments=activities.select("rank", "step", "row", "layer", "submodule", "layer_group", "how", "capture_time"),
+        assignments=layer_assignments(attribution),
         notes=attribution.notes,
         edits=attribution.edits,
     )
+
+
+def layer_assignments(attribution: LayerAttribution) -> pl.DataFrame:
+    """The layer of every activity (LayerSummary.assignments) without the summary's figures."""
+    return attribution.activities.select("rank", "step", "row", "layer", "submodule", "layer_group", "how",
+                                         "capture_time")
 
 
 def compact_layer_counts(counts: pl.DataFrame) -> pl.DataFrame:

@@ -6,6 +6,9 @@
   step kinds) run on one window's activities, with one step of context on each side.
 * `run`: the windows one after the other, in local processes (`-j`) or on Dask (`--dask`,
   `dask_cluster`).
+* `stream`: plan and windows for an SQLite export too big to hold: its activities read a chunk at
+  a time into a store on disk, the steps found from the chunks, each window read back from the
+  store (memory follows the chunk and the window, not the trace).
 * `merge`: the windows' per-step frames stacked into the frames one whole-trace window gives.
 * `judge`: the outcomes, from the merged frames only (also for stacked rank files).
 * `multifile` (with `worker`, `dask_cluster`): several exports, one per rank, each checked

@@ -15,7 +15,8 @@ activity) cost ~330 MB and ~7 s to pickle and unpickle per million kernels, more
 the file, so they are left out unless `keep_events=True` (for reports that draw single
 kernels, such as the HTML report); without them those frames are empty, with their columns.
 
-One file is `check(file)` exactly, with no process started.
+One file is `check(file, keep_events=...)`, with no process started: a big SQLite export
+without `keep_events` goes through a store on disk (pipeline.stream), with the same empty frames.
 """
 
 from __future__ import annotations
@@ -136,7 +137,7 @@ def check_many(
     if expectations is not None and not isinstance(expectations, Expectations):
         expectations = load_expectations(expectations)
     if len(files) == 1:  # the processes (or the Dask workers) go to its step windows (pipeline.run)
-        return check(files[0], expectations, jobs=workers or 1, dask=dask, **options)
+        return check(files[0], expectations, jobs=workers or 1, dask=dask, keep_events=keep_events, **options)
     for path in files:  # the cheap mistakes before any process starts
         if not os.path.exists(path):
             raise TraceError(path, "no such file")

@@ -40,22 +40,12 @@ class WindowPlan:
 def plan_windows(steps: Steps, window_steps: int) -> WindowPlan:
     """The window of every host window and of every activity, and the spans a window's cut
     looks up (so that cutting a window reads only its own stretch of rows)."""
-    if window_steps < 0:
-        raise ValueError(f"window_steps must be >= 0, not {window_steps}")
-    windows = steps.windows.with_row_index("window_id").with_columns(pl.col("window_id").cast(pl.Int64))
+    parts = window_parts(steps, window_steps)
     activities = steps.activities
     if window_steps == WHOLE_TRACE or steps.decode.height == 0:
-        parts = windows.with_columns(pl.lit(0, pl.Int64).alias("part"))
         part_of_row = pl.repeat(0, activities.height, dtype=pl.Int64, eager=True).alias("part")
         return WindowPlan(window_steps, 1, parts, part_of_row, pl.Series("window_id", [], pl.Int64),
                           pl.Series("reach", [], pl.Int64), pl.DataFrame())
-    # decode windows by step index; the others follow the decode step before them in their rank
-    by_step = pl.when(pl.col("decode")).then(pl.col("step") // window_steps)
-    parts = (
-        windows.sort("rank", "host_start", maintain_order=True)
-        .with_columns(by_step.forward_fill().over("rank").alias("part"))
-        .with_columns(pl.col("part").backward_fill().over("rank").fill_null(0).cast(pl.Int64))
-    )
     looked_up = left_join_keys(activities, parts.select("key", "window", "part", "window_id"), ["key", "window"])
     part_of_row = looked_up["part"].forward_fill().backward_fill().fill_null(0).alias("part")
     ends = activities["end"].fill_null(activities["start"])
@@ -72,4 +62,21 @@ def plan_windows(steps: Steps, window_steps: int) -> WindowPlan:
         window_id_of_row=looked_up["window_id"],
         reach=ends.cum_max(),
         part_spans=part_spans,
+    )
+
+
+def window_parts(steps: Steps, window_steps: int) -> pl.DataFrame:
+    """Steps.windows with `window_id` (its row in Steps.windows) and `part`, the window of
+    steps it belongs to, ordered by rank and host start."""
+    if window_steps < 0:
+        raise ValueError(f"window_steps must be >= 0, not {window_steps}")
+    windows = steps.windows.with_row_index("window_id").with_columns(pl.col("window_id").cast(pl.Int64))
+    if window_steps == WHOLE_TRACE or steps.decode.height == 0:
+        return windows.with_columns(pl.lit(0, pl.Int64).alias("part"))
+    # decode windows by step index; the others follow the decode step before them in their rank
+    by_step = pl.when(pl.col("decode")).then(pl.col("step") // window_steps)
+    return (
+        windows.sort("rank", "host_start", maintain_order=True)
+        .with_columns(by_step.forward_fill().over("rank").alias("part"))
+        .with_columns(pl.col("part").backward_fill().over("rank").fill_null(0).cast(pl.Int64))
     )

@@ -25,7 +25,7 @@ from nsys_ledger.attribution.layers import attribute_layers
 from nsys_ledger.attribution.graph_capture import RESOLVED
 from nsys_ledger.attribution.steps import Steps
 from nsys_ledger.checks.coverage import op_coverage
-from nsys_ledger.checks.layers import LayerSummary, summarize_layers
+from nsys_ledger.checks.layers import LayerSummary, layer_assignments, summarize_layers
 from nsys_ledger.checks.stats import op_counts, step_table
 from nsys_ledger.checks.step_kinds import kind_step_table
 from nsys_ledger.checks.time_use import NO_OP, TimeUse, time_use
@@ -80,19 +80,11 @@ def cut_window(steps: Steps, plan: WindowPlan, part: int) -> WindowInput:
     """The window's Steps (own host windows, the halo and the overlapping context) and which of
     its activities the window owns."""
     activities = steps.activities
-    windows = plan.windows
-    own = windows.filter(pl.col("part") == part)
+    own, halo = own_and_halo(plan.windows, part)
     if plan.count == 1:
         return WindowInput(part, steps, pl.repeat(True, activities.height, eager=True), own)
-    own_decode = own.filter(pl.col("decode"))
-    edges = own_decode.group_by("rank").agg((pl.col("step").min() - 1).alias("before"),
-                                            (pl.col("step").max() + 1).alias("after"))
-    halo = windows.filter(pl.col("decode")).join(edges, on="rank", how="inner").filter(
-        (pl.col("step") == pl.col("before")) | (pl.col("step") == pl.col("after"))).select(windows.columns)
-    members = pl.concat([own, halo]).select("key", "window").unique()
     own_span = plan.part_spans.filter(pl.col("part") == part)
-    first = min(int(own_span["first"][0]), *(int(t) for t in halo["first"].drop_nulls()))
-    last = max(int(own_span["last"][0]), *(int(t) for t in halo["last"].drop_nulls()))
+    first, last = time_reach(int(own_span["first"][0]), int(own_span["last"][0]), halo)
     # rows are in start order: the window's own rows and the halo's lie between its first start
     # and last end, and so does the context: the rows starting up to `last`, from the first row
     # whose end (a running maximum) reaches `first`
@@ -101,15 +93,43 @@ def cut_window(steps: Steps, plan: WindowPlan, part: int) -> WindowInput:
     sliced = activities.slice(low, high - low)
     owned_rows = plan.part_of_row.slice(low, high - low) == part
     in_halo = plan.window_id_of_row.slice(low, high - low).is_in(halo["window_id"].implode()).fill_null(False)
-    in_set = owned_rows | in_halo
     ends = sliced["end"].fill_null(sliced["start"])
-    keep = in_set | (ends >= first)
-    sub = sliced.with_columns(pl.lit(in_set).alias("_in_set")).filter(pl.lit(keep)).with_columns(
+    return window_input(steps, part, own, halo, sliced, owned_rows, in_halo, ends >= first)
+
+
+def own_and_halo(windows: pl.DataFrame, part: int) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The window's own host windows, and its halo: the decode steps just before and after its
+    own in each rank (rows of a plan's `windows`)."""
+    own = windows.filter(pl.col("part") == part)
+    own_decode = own.filter(pl.col("decode"))
+    edges = own_decode.group_by("rank").agg((pl.col("step").min() - 1).alias("before"),
+                                            (pl.col("step").max() + 1).alias("after"))
+    halo = windows.filter(pl.col("decode")).join(edges, on="rank", how="inner").filter(
+        (pl.col("step") == pl.col("before")) | (pl.col("step") == pl.col("after"))).select(windows.columns)
+    return own, halo
+
+
+def time_reach(own_first: int, own_last: int, halo: pl.DataFrame) -> tuple[int, int]:
+    """The stretch of GPU time a window's figures may involve: from the first start to the last
+    end of its own activities and its halo's."""
+    first = min([own_first, *(int(t) for t in halo["first"].drop_nulls())])
+    last = max([own_last, *(int(t) for t in halo["last"].drop_nulls())])
+    return first, last
+
+
+def window_input(steps: Steps, part: int, own: pl.DataFrame, halo: pl.DataFrame, rows: pl.DataFrame,
+                 owned_rows: pl.Series, in_halo: pl.Series, overlapping: pl.Series) -> WindowInput:
+    """The window's input from `rows`, activities in start order around it: those it owns
+    (`owned_rows`) and the halo's (`in_halo`) with their steps, the others that overlap its time
+    (`overlapping`) as plain non-step work, the rest left out."""
+    in_set = owned_rows | in_halo
+    keep = in_set | overlapping
+    sub = rows.with_columns(pl.lit(in_set).alias("_in_set")).filter(pl.lit(keep)).with_columns(
         pl.when(pl.col("_in_set")).then(pl.col(c)).alias(c) for c in STEP_COLUMNS
     ).drop("_in_set")
-    owned = owned_rows.filter(keep)
+    members = pl.concat([own, halo]).select("key", "window").unique()
     sub_windows = steps.windows.join(members, on=["key", "window"], how="semi")
-    return WindowInput(part, replace(steps, windows=sub_windows, activities=sub), owned, own)
+    return WindowInput(part, replace(steps, windows=sub_windows, activities=sub), owned_rows.filter(keep), own)
 
 
 def run_window(trace: Trace, window: WindowInput, settings: WindowSettings) -> WindowResult:
@@ -126,11 +146,10 @@ def run_window(trace: Trace, window: WindowInput, settings: WindowSettings) -> W
     attribution = attribute_layers(trace, sub.activities, expectations)
     sub = replace(sub, activities=sub.activities.with_columns(
         attribution.activities["op"], attribution.activities["group"], attribution.activities["layer"]))
-    every_row = summarize_layers(attribution)  # the context's layers too: gap neighbours
     timeline = build_timeline(sub, trace, settings.threshold_ns, per_stream=settings.per_stream_gaps,
                               step_entry=expectations.step_entry_gaps if expectations else None)
     table = add_timeline_columns(step_table(sub, timeline.gaps), timeline, settings.batch)
-    time = time_use(sub, every_row.assignments)
+    time = time_use(sub, layer_assignments(attribution))  # the context's layers too: gap neighbours
 
     mine = _own_steps(own_steps)
     whole = bool(owned.all())  # one window for the whole trace: nothing to cut away (nor to copy)
@@ -138,7 +157,7 @@ def run_window(trace: Trace, window: WindowInput, settings: WindowSettings) -> W
         attribution, activities=attribution.activities.filter(owned),
         inferred=mine(attribution.inferred), edits=mine(attribution.edits), notes=(),
     )
-    layers = every_row if whole else summarize_layers(owned_attribution)
+    layers = summarize_layers(owned_attribution)
     owned_steps = sub if whole else replace(sub, activities=sub.activities.filter(owned))
     own_decode = owned_steps.activities.lazy().filter(pl.col("decode").fill_null(False))
     kinds = own_windows.filter(pl.col("complete") & (pl.col("kind") != "decode")).select(

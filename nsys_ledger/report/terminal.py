@@ -272,12 +272,20 @@ def _top_kernels(result: Result, limit: int = 10) -> list[str]:
     kernels = result.steps.activities.filter(
         (pl.col("decode").fill_null(False) | (not in_steps)) & (pl.col("activity") == "kernel")
     )
-    if kernels.height == 0 and result.files:
+    if kernels.height:
+        counts = kernels.group_by("name").agg(pl.len().alias("count"))
+    elif in_steps and result.time_use is not None and result.time_use.kernels.height:
+        # no kernel rows kept (several files, or a big export checked through a store on disk):
+        # the decode kernels per name are in the time use
+        counts = result.time_use.kernels.group_by("name").agg(pl.col("kernels").sum().alias("count"))
+    elif result.files:
         return ["  (kernel rows are not kept when several files are checked together; check one file for them)"]
-    if kernels.height == 0:
+    elif result.totals.kernels:
+        return ["  (kernel rows are not kept for a big export outside decode steps; --html keeps them)"]
+    else:
         return ["  (none)"]
     steps = max(result.step_table.height, 1)
-    top = kernels.group_by("name").agg(pl.len().alias("count")).sort("count", "name", descending=[True, False]).head(limit)
+    top = counts.sort("count", "name", descending=[True, False]).head(limit)
     labels = distinct_labels(top["name"].to_list(), 80)  # one row per name: labels that do not collide
     return [f"  {count_text(count / steps):>8}  {printable(label)}" for label, count in zip(labels, top["count"])]
 

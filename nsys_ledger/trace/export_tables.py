@@ -14,8 +14,8 @@ Anything wrong with the input is raised as `TraceError(path, problem)`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import polars as pl
@@ -110,6 +110,16 @@ class TableSource(Protocol):
         keep: RowFilter | None = None,
     ) -> pl.DataFrame: ...
 
+    def fetch_chunks(
+        self,
+        table: str,
+        columns: Mapping[str, str | None],
+        schema: Mapping[str, pl.DataType],
+        rows: int,
+    ) -> Iterator[pl.DataFrame]:
+        """`fetch` of the whole table, at most `rows` rows a frame, in the order `fetch` gives."""
+        ...
+
     def name_value(self, table: str) -> dict[str, str]:
         """The (name, value) rows of a metadata table, both as text."""
         ...
@@ -197,6 +207,65 @@ def _attach(df: pl.DataFrame, lookup: pl.DataFrame, key: str) -> pl.DataFrame:
     return df.with_columns(looked_up.drop(key))
 
 
+def _damaged_rows(df: pl.DataFrame) -> dict[str, int]:
+    """GPU rows no timeline can place: without a valid interval, a device, a process."""
+    bad_times = df.filter(pl.col("start").is_null() | pl.col("end").is_null() | (pl.col("end") < pl.col("start")))
+    return {"times": bad_times.height, "device": df["device"].null_count(), "global_pid": df["global_pid"].null_count()}
+
+
+def _negative_sizes(copies: pl.DataFrame) -> int:
+    return copies.filter(pl.col("bytes") < 0).height
+
+
+def _labelled_copies(df: pl.DataFrame) -> pl.DataFrame:
+    return df.with_columns(
+        _pid("global_pid").alias("pid"),
+        _label("_copy", MEMCPY_KINDS).alias("copy_kind"),
+        _label("_src", MEM_KINDS).alias("src_kind"),
+        _label("_dst", MEM_KINDS).alias("dst_kind"),
+    )
+
+
+def _labelled_memsets(df: pl.DataFrame) -> pl.DataFrame:
+    return df.with_columns(_pid("global_pid").alias("pid"), _label("_mem", MEM_KINDS).alias("mem_kind"))
+
+
+@dataclass
+class _Tally:
+    """What a table read a chunk at a time adds up for its checks and warnings."""
+
+    rows: int = 0
+    damaged: dict[str, int] = field(default_factory=lambda: {"times": 0, "device": 0, "global_pid": 0})
+    negative: int = 0  # copies with a negative size
+    unnamed: int = 0  # kernels without a name
+
+
+ACTIVITY_KINDS = ("kernels", "memcpys", "memsets")  # the Trace's frames of GPU activities
+
+
+@dataclass(frozen=True)
+class ActivitiesSeen:
+    """What the Trace's devices and graph trace mode need of its GPU activities."""
+
+    devices: pl.Series  # the distinct device ids that ran them
+    graph_node_rows: bool  # some activity is a CUDA graph node
+
+    @staticmethod
+    def of(frames) -> ActivitiesSeen:
+        # distinct per frame first: a concatenated copy of millions of kernel rows cost 0.6 s and
+        # 700 MB at 10M kernels for a handful of devices
+        frames = list(frames)
+        devices = pl.concat([f["device"].drop_nulls().unique() for f in frames]).unique().alias("device")
+        return ActivitiesSeen(devices, any(f["graph_node_id"].is_not_null().any() for f in frames))
+
+    @staticmethod
+    def added(parts: list[ActivitiesSeen]) -> ActivitiesSeen:
+        if not parts:
+            return ActivitiesSeen(pl.Series("device", [], I64), False)
+        return ActivitiesSeen(pl.concat([p.devices for p in parts]).unique().alias("device"),
+                              any(p.graph_node_rows for p in parts))
+
+
 class ExportReader:
     """Builds the Trace from a TableSource; `shown` is the path named in errors."""
 
@@ -235,13 +304,27 @@ class ExportReader:
     ) -> pl.DataFrame:
         """One read of `table`. `select` maps output name -> column (or candidates, the
         first present wins); a column the table lacks comes back as NULLs."""
+        if keep is not None and keep.column not in self.columns(table):
+            keep = None
+        return self.source.fetch(table, self._present(table, select), dict(schema), keep)
+
+    def fetch_chunks(
+        self,
+        table: str,
+        select: Mapping[str, str | tuple[str, ...] | None],
+        schema: Mapping[str, pl.DataType],
+        rows: int,
+    ) -> Iterator[pl.DataFrame]:
+        """`fetch` of the whole table, at most `rows` rows a frame, in table order."""
+        return self.source.fetch_chunks(table, self._present(table, select), dict(schema), rows)
+
+    def _present(self, table: str, select: Mapping[str, str | tuple[str, ...] | None]) -> dict[str, str | None]:
+        """Output name -> the first of its candidate columns that `table` has (None: none)."""
         columns = {}
         for out, src in select.items():
             cands = (src,) if isinstance(src, str) else (src or ())
             columns[out] = self.pick(table, *cands)
-        if keep is not None and keep.column not in self.columns(table):
-            keep = None
-        return self.source.fetch(table, columns, dict(schema), keep)
+        return columns
 
     def strings(self) -> pl.DataFrame:
         """StringIds as a frame (id, value), read once."""
@@ -275,6 +358,35 @@ class ExportReader:
     # -- the whole trace --------------------------------------------------------------
 
     def read(self) -> Trace:
+        self._refuse_non_export()
+        versions = self.versions()
+        activities = {"kernels": self.kernels(), "memcpys": self.memcpys(), "memsets": self.memsets()}
+        return self._trace(versions, activities, self._host_tables(), ActivitiesSeen.of(activities.values()))
+
+    def read_streamed(self, rows: int, consume: Callable[[Trace, str, pl.DataFrame], None]) -> Trace:
+        """The Trace without its kernel, copy and memset rows: after the other tables are read,
+        those go to `consume(trace so far, "kernels" | "memcpys" | "memsets", frame)` instead, at
+        most `rows` rows a frame, in table order, each frame as the Trace would hold it. Damaged
+        rows are refused with the message `read` gives, once their table has been read through;
+        the warnings come in the order `read` gives them."""
+        self._refuse_non_export()
+        versions = self.versions()
+        before_host = len(self.warnings)
+        host = self._host_tables()
+        host_warnings = self.warnings[before_host:]
+        del self.warnings[before_host:]
+        empty = {kind: empty_frame(kind) for kind in ACTIVITY_KINDS}
+        partial = Trace(path=self.shown, meta=TraceMeta(*versions, cuda_graph_trace=None), **host)
+        seen = []
+        for kind, chunks in (("kernels", self._kernel_chunks(rows)), ("memcpys", self._memcpy_chunks(rows)),
+                             ("memsets", self._memset_chunks(rows))):
+            for chunk in chunks:
+                seen.append(ActivitiesSeen.of([chunk]))
+                consume(partial, kind, chunk.select(list(FRAME_SCHEMAS[kind])))
+        self.warnings.extend(host_warnings)
+        return self._trace(versions, empty, host, ActivitiesSeen.added(seen))
+
+    def _refuse_non_export(self) -> None:
         if not self.has("StringIds"):
             # every nsys export has it (SQLite, parquetdir, arrowdir alike): without it no kernel
             # has a name, and every check after would fail for a reason it cannot name
@@ -285,30 +397,26 @@ class ExportReader:
                 "no CUDA kernels: was the capture made with -t cuda?"
                 + self.source.missing_table_hint(_KERNEL_TABLE),
             )
-        nsys_version, schema_version, source = self.versions()
-        kernels = self.kernels()
-        memcpys = self.memcpys()
-        memsets = self.memsets()
-        graph_replays = self.graph_replays()
-        frames = {
-            "kernels": kernels,
-            "api_calls": self.api_calls(),
-            "memcpys": memcpys,
-            "memsets": memsets,
-            "syncs": self.syncs(),
-            "nvtx": self.nvtx(),
-            "graph_nodes": self.graph_nodes(),
-            "graph_replays": graph_replays,
-            "devices": self.devices(kernels, memcpys, memsets),
-            "profiler_overhead": self.profiler_overhead(),
-        }
+
+    def _host_tables(self) -> dict[str, pl.DataFrame]:
+        """The frames of the trace's host side and graph tables (all but the GPU activities,
+        the devices and the profiler overhead), in the order `read` reads them."""
+        return {"graph_replays": self.graph_replays(), "api_calls": self.api_calls(), "syncs": self.syncs(),
+                "nvtx": self.nvtx(), "graph_nodes": self.graph_nodes()}
+
+    def _trace(self, versions: tuple[str | None, str | None, str], activities: dict[str, pl.DataFrame],
+               host: dict[str, pl.DataFrame], seen: ActivitiesSeen) -> Trace:
+        nsys_version, schema_version, source = versions
+        frames = {**activities, **host, "devices": self.devices(seen.devices),
+                  "profiler_overhead": self.profiler_overhead()}
         for kind, df in frames.items():
             frames[kind] = df.select(list(FRAME_SCHEMAS[kind]))
         meta = TraceMeta(
             nsys_version=nsys_version,
             schema_version=schema_version,
             version_source=source,
-            cuda_graph_trace=self.graph_trace_mode(kernels, memcpys, memsets, graph_replays),
+            cuda_graph_trace=self.declared_graph_trace_mode() or graph_trace_mode_seen(
+                graph_replays=host["graph_replays"].height > 0, graph_node_rows=seen.graph_node_rows),
             warnings=tuple(self.warnings),
         )
         return Trace(path=self.shown, meta=meta, **frames)
@@ -342,18 +450,6 @@ class ExportReader:
             return product, schema, table
         return None, None, "none"
 
-    def graph_trace_mode(
-        self,
-        kernels: pl.DataFrame,
-        memcpys: pl.DataFrame,
-        memsets: pl.DataFrame,
-        graph_replays: pl.DataFrame,
-    ) -> str | None:
-        return self.declared_graph_trace_mode() or graph_trace_mode_seen(
-            graph_replays=graph_replays.height > 0,
-            graph_node_rows=any(df["graph_node_id"].is_not_null().any() for df in (kernels, memcpys, memsets)),
-        )
-
     def declared_graph_trace_mode(self) -> str | None:
         """The `--cuda-graph-trace` mode META_DATA_CAPTURE records ("graph" or "node"), or None."""
         modes = {
@@ -377,107 +473,147 @@ class ExportReader:
         """GPU rows without a valid interval, a device or a process cannot be placed on any
         timeline: nsys never writes them (its schema declares start, end and deviceId NOT
         NULL, and every export sets globalPid), so they mean a damaged or hand-edited file."""
-        bad_times = df.filter(
-            pl.col("start").is_null() | pl.col("end").is_null() | (pl.col("end") < pl.col("start"))
-        ).height
-        if bad_times:
+        self._refuse_damaged_rows(_damaged_rows(df), df.height, table, what)
+
+    def _refuse_damaged_rows(self, damaged: dict[str, int], rows: int, table: str, what: str) -> None:
+        """`damaged`: counts of `_damaged_rows` over all `rows` rows of `table`."""
+        if damaged["times"]:
             raise TraceError(
                 self.shown,
-                f"{bad_times} of {df.height} {what} rows have a NULL or inverted start/end "
+                f"{damaged['times']} of {rows} {what} rows have a NULL or inverted start/end "
                 f"timestamp ({table})",
             )
         for column, source in (("device", "deviceId"), ("global_pid", "globalPid")):
-            if df.height and source not in self.columns(table):
+            if rows and source not in self.columns(table):
                 # every nsys release writes both columns: their absence is a damaged schema
                 raise TraceError(self.shown, f"the {table} table has no {source} column; the export is damaged")
-            missing = df[column].null_count()
-            if missing:
+            if damaged[column]:
                 raise TraceError(
                     self.shown,
-                    f"{missing} of {df.height} {what} rows have no {source} ({table}); "
+                    f"{damaged[column]} of {rows} {what} rows have no {source} ({table}); "
                     "the export is damaged",
                 )
 
+    def _checked_chunks(self, table: str, what: str, select: Mapping[str, str | tuple[str, ...] | None],
+                        schema: Mapping[str, pl.DataType], rows: int, tally: _Tally) -> Iterator[pl.DataFrame]:
+        """`fetch_chunks`, counting into `tally`; damaged rows are refused
+        (`check_activity_rows`) once the table is read through, with the whole table's counts."""
+        for chunk in self.fetch_chunks(table, select, schema, rows):
+            for problem, count in _damaged_rows(chunk).items():
+                tally.damaged[problem] += count
+            tally.rows += chunk.height
+            yield chunk
+        self._refuse_damaged_rows(tally.damaged, tally.rows, table, what)
+
+    # the kernel table's columns, and their types as read
+    _KERNEL_COLUMNS: dict[str, str] = {
+        "start": "start", "end": "end", "device": "deviceId", "stream": "streamId",
+        "global_pid": "globalPid", "correlation": "correlationId",
+        "demangled_id": "demangledName", "short_id": "shortName",
+        "graph_node_id": "graphNodeId", "graph_id": "graphId",
+    }
+    _KERNEL_TYPES: dict[str, pl.DataType] = {
+        "start": I64, "end": I64, "device": I64, "stream": I64, "global_pid": I64,
+        "correlation": I64, "demangled_id": I64, "short_id": I64,
+        "graph_node_id": I64, "graph_id": I64,
+    }
+
     def kernels(self) -> pl.DataFrame:
         t = _KERNEL_TABLE
-        raw = self.fetch(
-            t,
-            {
-                "start": "start", "end": "end", "device": "deviceId", "stream": "streamId",
-                "global_pid": "globalPid", "correlation": "correlationId",
-                "demangled_id": "demangledName", "short_id": "shortName",
-                "graph_node_id": "graphNodeId", "graph_id": "graphId",
-            },
-            {
-                "start": I64, "end": I64, "device": I64, "stream": I64, "global_pid": I64,
-                "correlation": I64, "demangled_id": I64, "short_id": I64,
-                "graph_node_id": I64, "graph_id": I64,
-            },
-        )
+        raw = self.fetch(t, self._KERNEL_COLUMNS, self._KERNEL_TYPES)
         self.check_activity_rows(raw, t, "kernel")
-        if raw.height == 0:
-            self.warnings.append("the kernel table is empty")
+        df = self._named_kernels(raw)
+        self._warn_about_kernels(raw.height, df["name"].null_count())
+        return df
+
+    def _kernel_chunks(self, rows: int) -> Iterator[pl.DataFrame]:
+        """`kernels`, at most `rows` rows a frame (read_streamed)."""
+        tally = _Tally()
+        for raw in self._checked_chunks(_KERNEL_TABLE, "kernel", self._KERNEL_COLUMNS, self._KERNEL_TYPES, rows,
+                                        tally):
+            df = self._named_kernels(raw)
+            tally.unnamed += df["name"].null_count()
+            yield df
+        self._warn_about_kernels(tally.rows, tally.unnamed)
+
+    def _named_kernels(self, raw: pl.DataFrame) -> pl.DataFrame:
         # name: the demangled name, else the short one. Chosen by id and then looked up once,
         # rather than coalescing two looked-up text columns into a third one.
         demangled = self.resolve(raw.select("demangled_id"), "demangled_id", "_demangled")["_demangled"]
         name_id = pl.when(demangled.is_not_null()).then(pl.col("demangled_id")).otherwise(pl.col("short_id"))
         df = raw.with_columns(name_id.alias("_name_id"), _pid("global_pid").alias("pid"))
         df = self.resolve(df, "_name_id", "name")
-        df = self.resolve(df, "short_id", "short_name")
-        unresolved = df["name"].null_count()
-        if unresolved:
-            self.warnings.append(f"{unresolved} kernel rows have no name in StringIds")
-        return df
+        return self.resolve(df, "short_id", "short_name")
+
+    def _warn_about_kernels(self, rows: int, unnamed: int) -> None:
+        if rows == 0:
+            self.warnings.append("the kernel table is empty")
+        if unnamed:
+            self.warnings.append(f"{unnamed} kernel rows have no name in StringIds")
+
+    _MEMCPY_COLUMNS: dict[str, str] = {
+        "start": "start", "end": "end", "device": "deviceId", "stream": "streamId",
+        "global_pid": "globalPid", "correlation": "correlationId", "bytes": "bytes",
+        "_copy": "copyKind", "_src": "srcKind", "_dst": "dstKind",
+        "graph_node_id": "graphNodeId",
+    }
+    _MEMCPY_TYPES: dict[str, pl.DataType] = {
+        "start": I64, "end": I64, "device": I64, "stream": I64, "global_pid": I64,
+        "correlation": I64, "bytes": I64, "_copy": I64, "_src": I64, "_dst": I64,
+        "graph_node_id": I64,
+    }
 
     def memcpys(self) -> pl.DataFrame:
         t = "CUPTI_ACTIVITY_KIND_MEMCPY"
         if not self.has(t):
             return empty_frame("memcpys")
-        df = self.fetch(
-            t,
-            {
-                "start": "start", "end": "end", "device": "deviceId", "stream": "streamId",
-                "global_pid": "globalPid", "correlation": "correlationId", "bytes": "bytes",
-                "_copy": "copyKind", "_src": "srcKind", "_dst": "dstKind",
-                "graph_node_id": "graphNodeId",
-            },
-            {
-                "start": I64, "end": I64, "device": I64, "stream": I64, "global_pid": I64,
-                "correlation": I64, "bytes": I64, "_copy": I64, "_src": I64, "_dst": I64,
-                "graph_node_id": I64,
-            },
-        )
+        df = self.fetch(t, self._MEMCPY_COLUMNS, self._MEMCPY_TYPES)
         self.check_activity_rows(df, t, "memcpy")
-        negative = df.filter(pl.col("bytes") < 0).height
+        self._refuse_negative_sizes(_negative_sizes(df), df.height)
+        return _labelled_copies(df)
+
+    def _memcpy_chunks(self, rows: int) -> Iterator[pl.DataFrame]:
+        """`memcpys`, at most `rows` rows a frame (read_streamed)."""
+        t = "CUPTI_ACTIVITY_KIND_MEMCPY"
+        if not self.has(t):
+            return
+        tally = _Tally()
+        for df in self._checked_chunks(t, "memcpy", self._MEMCPY_COLUMNS, self._MEMCPY_TYPES, rows, tally):
+            tally.negative += _negative_sizes(df)
+            yield _labelled_copies(df)
+        self._refuse_negative_sizes(tally.negative, tally.rows)
+
+    def _refuse_negative_sizes(self, negative: int, rows: int) -> None:
         if negative:  # CUPTI's byte count is unsigned: a negative one is damage
-            raise TraceError(self.shown, f"{negative} of {df.height} memcpy rows have a negative size (bytes, {t})")
-        return df.with_columns(
-            _pid("global_pid").alias("pid"),
-            _label("_copy", MEMCPY_KINDS).alias("copy_kind"),
-            _label("_src", MEM_KINDS).alias("src_kind"),
-            _label("_dst", MEM_KINDS).alias("dst_kind"),
-        )
+            raise TraceError(self.shown, f"{negative} of {rows} memcpy rows have a negative size "
+                                         "(bytes, CUPTI_ACTIVITY_KIND_MEMCPY)")
+
+    _MEMSET_COLUMNS: dict[str, str] = {
+        "start": "start", "end": "end", "device": "deviceId", "stream": "streamId",
+        "global_pid": "globalPid", "correlation": "correlationId", "bytes": "bytes",
+        "_mem": "memKind", "graph_node_id": "graphNodeId",
+    }
+    _MEMSET_TYPES: dict[str, pl.DataType] = {
+        "start": I64, "end": I64, "device": I64, "stream": I64, "global_pid": I64,
+        "correlation": I64, "bytes": I64, "_mem": I64, "graph_node_id": I64,
+    }
 
     def memsets(self) -> pl.DataFrame:
         t = "CUPTI_ACTIVITY_KIND_MEMSET"
         if not self.has(t):
             return empty_frame("memsets")
-        df = self.fetch(
-            t,
-            {
-                "start": "start", "end": "end", "device": "deviceId", "stream": "streamId",
-                "global_pid": "globalPid", "correlation": "correlationId", "bytes": "bytes",
-                "_mem": "memKind", "graph_node_id": "graphNodeId",
-            },
-            {
-                "start": I64, "end": I64, "device": I64, "stream": I64, "global_pid": I64,
-                "correlation": I64, "bytes": I64, "_mem": I64, "graph_node_id": I64,
-            },
-        )
+        df = self.fetch(t, self._MEMSET_COLUMNS, self._MEMSET_TYPES)
         self.check_activity_rows(df, t, "memset")
-        return df.with_columns(
-            _pid("global_pid").alias("pid"), _label("_mem", MEM_KINDS).alias("mem_kind")
-        )
+        return _labelled_memsets(df)
+
+    def _memset_chunks(self, rows: int) -> Iterator[pl.DataFrame]:
+        """`memsets`, at most `rows` rows a frame (read_streamed)."""
+        t = "CUPTI_ACTIVITY_KIND_MEMSET"
+        if not self.has(t):
+            return
+        tally = _Tally()
+        for df in self._checked_chunks(t, "memset", self._MEMSET_COLUMNS, self._MEMSET_TYPES, rows, tally):
+            yield _labelled_memsets(df)
 
     def syncs(self) -> pl.DataFrame:
         t = "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION"
@@ -640,9 +776,8 @@ class ExportReader:
 
     # -- devices ----------------------------------------------------------------------
 
-    def devices(
-        self, kernels: pl.DataFrame, memcpys: pl.DataFrame, memsets: pl.DataFrame
-    ) -> pl.DataFrame:
+    def devices(self, used: pl.Series) -> pl.DataFrame:
+        """TARGET_INFO_GPU's devices, and the `used` device ids it does not describe."""
         schema = {"device": I64, "name": STR, "sm_count": I64, "total_memory": I64,
                   "_major": I64, "_minor": I64}
         df = pl.DataFrame(schema=schema)
@@ -667,12 +802,7 @@ class ExportReader:
             break
         df = df.unique(subset=["device"], keep="first", maintain_order=True)
         # Devices that ran work but are not described (pruned or absent TARGET_INFO_GPU).
-        # (distinct per frame first: a concatenated copy of millions of kernel rows cost 0.6 s
-        # and 700 MB at 10M kernels for a handful of devices)
-        used = pl.concat(
-            [f["device"].drop_nulls().unique() for f in (kernels, memcpys, memsets)]
-        ).unique().to_frame("device")
-        missing = used.join(df.select("device"), on="device", how="anti")
+        missing = used.to_frame("device").join(df.select("device"), on="device", how="anti")
         if missing.height:
             df = pl.concat([df, missing], how="diagonal")
         cc = pl.when(pl.col("_major").is_not_null() & pl.col("_minor").is_not_null()).then(

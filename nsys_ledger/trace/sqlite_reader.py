@@ -32,7 +32,8 @@ from nsys_ledger.trace.arrow_fetch import ArrowSource
 from nsys_ledger.trace.export_tables import ExportReader, RowFilter, contiguous
 from nsys_ledger.trace.model import Trace
 
-__all__ = ["export_reader", "load_sqlite", "read_only_export", "SQLITE_MAGIC", "sniff_format"]
+__all__ = ["export_reader", "load_sqlite", "load_sqlite_streamed", "read_only_export", "SQLITE_MAGIC",
+           "sniff_format", "sqlite_kernel_rows"]
 
 _T = TypeVar("_T")
 
@@ -56,6 +57,35 @@ def load_sqlite(path: str | os.PathLike[str]) -> Trace:
             return ExportReader(_SqliteTables(conn, shown, arrow), shown).read()
         finally:
             arrow.close()
+
+
+def load_sqlite_streamed(path: str | os.PathLike[str], rows: int,
+                         consume: Callable[[Trace, str, pl.DataFrame], None]) -> Trace:
+    """`load_sqlite`, but the kernel, copy and memset rows go to `consume` a chunk of at most
+    `rows` at a time instead of into the Trace (ExportReader.read_streamed)."""
+    with _opened(path) as (conn, uri, shown):
+        arrow = ArrowSource(uri)
+        try:
+            return ExportReader(_SqliteTables(conn, shown, arrow), shown).read_streamed(rows, consume)
+        finally:
+            arrow.close()
+
+
+def sqlite_kernel_rows(path: str | os.PathLike[str]) -> int | None:
+    """About how many kernels the SQLite export at `path` holds (its kernel table's largest
+    rowid: a look at the end of its B-tree, not a count), or None when `path` is no readable
+    SQLite export with a kernel table (reading it whole then says what is wrong)."""
+    try:
+        if not Path(path).is_file():
+            return None
+        with open(path, "rb") as fh:
+            if fh.read(len(SQLITE_MAGIC)) != SQLITE_MAGIC:
+                return None
+        with _opened(path) as (conn, _uri, _shown):
+            (largest,) = conn.execute('SELECT max(rowid) FROM "CUPTI_ACTIVITY_KIND_KERNEL"').fetchone()
+    except (OSError, TraceError, sqlite3.Error, TypeError, ValueError):
+        return None
+    return int(largest) if largest is not None else 0
 
 
 @contextmanager
@@ -280,6 +310,11 @@ def _q(ident: str) -> str:
     return '"' + ident.replace('"', '""') + '"'
 
 
+def _select_list(columns: Mapping[str, str | None]) -> str:
+    """`col AS out, ...`; NULL for a column the table lacks."""
+    return ", ".join(f"{_q(col) if col else 'NULL'} AS {_q(out)}" for out, col in columns.items())
+
+
 
 class _SqliteTables:
     """The SQLite export as a TableSource: one SELECT per table naming only the needed
@@ -317,11 +352,37 @@ class _SqliteTables:
         keep: RowFilter | None = None,
     ) -> pl.DataFrame:
         """One query over `table`, built batch-wise into polars."""
-        exprs = [f"{_q(col) if col else 'NULL'} AS {_q(out)}" for out, col in columns.items()]
-        sql = f"SELECT {', '.join(exprs)} FROM {_q(table)}"
+        sql = f"SELECT {_select_list(columns)} FROM {_q(table)}"
         if keep is not None:
             sql += f" WHERE {_q(keep.column)} IN ({', '.join(str(int(v)) for v in keep.values)})"
-        schema = dict(schema)
+        return self._frame(table, sql, dict(schema))
+
+    def fetch_chunks(
+        self,
+        table: str,
+        columns: Mapping[str, str | None],
+        schema: Mapping[str, pl.DataType],
+        rows: int,
+    ) -> Iterator[pl.DataFrame]:
+        """`fetch` of the whole `table`, a frame of at most `rows` rows at a time, in the order a
+        whole read gives them (rowid order): each chunk is the next `rows` rowids after the last
+        one read, a seek in the table's B-tree (an export has no other index to range on)."""
+        paged = {**schema, "_rowid": pl.Int64}
+        after: int | None = None
+        while True:
+            where = "" if after is None else f" WHERE rowid > {after}"
+            sql = (f"SELECT {_select_list(columns)}, rowid AS _rowid FROM {_q(table)}{where} "
+                   f"ORDER BY rowid LIMIT {int(rows)}")
+            chunk = self._frame(table, sql, paged)
+            if chunk.height:
+                after = int(chunk["_rowid"][-1])
+                yield chunk.drop("_rowid")
+            if chunk.height < rows:
+                return
+
+    def _frame(self, table: str, sql: str, schema: dict[str, pl.DataType]) -> pl.DataFrame:
+        """The result of `sql` (over `table`) as a frame of `schema`: through the fast path
+        when it vouches for it, else sqlite3, whose data errors name the table."""
         fast = self.arrow.frame(sql, schema) if self.arrow is not None else None
         if fast is not None:
             return contiguous(fast)
