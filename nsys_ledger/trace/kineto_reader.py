@@ -931,7 +931,8 @@ class _Builder:
 
     def _flow_ends(self) -> pl.DataFrame | None:
         """The GPU ends of `ac2g` flows (`ph: f`, drawn at the GPU row they bind to):
-        `_gpid, _gtid, start, _flow` (the correlation id), or None without any."""
+        `_gpid, _gtid, start, _flow` (the correlation id), or None without any. Several flows
+        may end at one place; `_correlation_from_flows` takes the first."""
         if not self.events.count("flow"):
             return None
         column = self.events.column
@@ -939,14 +940,20 @@ class _Builder:
         return pl.DataFrame({
             "_gpid": column("flow", "pid", alias="_gpid"), "_gtid": column("flow", "tid", alias="_gtid"),
             "start": start, "_flow": column("flow", "id", alias="_flow"),
-        }).drop_nulls().unique(subset=["_gpid", "_gtid", "start"], keep="first")
+        }).drop_nulls()
 
     def _correlation_from_flows(self, df: pl.DataFrame, frame: str) -> pl.DataFrame:
         """Fill a GPU row's missing `args.correlation` from the flow that ends on it: Kineto
-        draws the launch -> kernel arrow with the correlation id as the flow id."""
+        draws the launch -> kernel arrow with the correlation id as the flow id. Only the flows
+        ending where a row lacks one are made unique (a trace has about one flow per kernel,
+        and most rows carry their correlation)."""
+        keys = ["_gpid", "_gtid", "start"]
         keyed = df.with_columns(self.events.column(frame, "pid", alias="_gpid"),
                                 self.events.column(frame, "tid", alias="_gtid"))
-        linked = keyed.join(self.flow_ends, on=["_gpid", "_gtid", "start"], how="left", maintain_order="left")
+        wanted = keyed.filter(pl.col("correlation").is_null()).select(keys)
+        flows = (self.flow_ends.join(wanted, on=keys, how="semi", maintain_order="left")
+                 .unique(subset=keys, keep="first"))
+        linked = keyed.join(flows, on=keys, how="left", maintain_order="left")
         return linked.with_columns(pl.coalesce("correlation", "_flow").alias("correlation")).drop(
             "_gpid", "_gtid", "_flow")
 
