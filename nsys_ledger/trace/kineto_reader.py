@@ -750,6 +750,29 @@ class _NameTable(dict):
         return code
 
 
+def _replayed_rows(frames: tuple[pl.DataFrame, ...], launches: pl.DataFrame) -> pl.DataFrame:
+    """`_row, _frame, pid, correlation, start, _name` (a hash of the name) of the GPU rows (of
+    `frames`: their index as `_frame`, their row as `_row`) whose (pid, correlation) is a graph
+    launch's. The
+    correlation is matched first (a hash of one column); a two-column join is paid only
+    when launches come from several processes."""
+    rows = pl.concat([
+        df.select(pl.int_range(pl.len(), dtype=pl.UInt32).alias("_row"), pl.lit(index, pl.UInt8).alias("_frame"),
+                  "pid", "correlation", "start", pl.col("name").fill_null("").hash().alias("_name"))
+        for index, df in enumerate(frames)
+    ])
+    rows = rows.filter(pl.col("correlation").is_in(launches["correlation"].implode()))
+    pids = launches["pid"].unique()
+    if pids.len() == 1:
+        return rows.filter(pl.col("pid") == pids[0])
+    return rows.join(launches, on=["pid", "correlation"], how="semi", maintain_order="left")
+
+
+def _scattered(name: str, height: int, rows: pl.Series, values: pl.Series) -> pl.Series:
+    """A column of `height` nulls with `values` at `rows`."""
+    return pl.Series(name, [], dtype=I64).extend_constant(None, height).scatter(rows, values)
+
+
 def _is_module_range(name: Any) -> bool:
     return isinstance(name, str) and name.startswith(MODULE_RANGE_PREFIX)
 
@@ -962,43 +985,47 @@ class _Builder:
     ) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
         """`graph_id` and `graph_node_id` for the rows that share a graph launch's correlation."""
         launches = api_calls.filter(pl.col("kind") == "graph_launch").select("pid", "correlation").drop_nulls()
-        frames = {"kernel": kernels, "memcpy": memcpys, "memset": memsets}
-        rows = pl.concat([
-            df.with_row_index("_row").select("_row", pl.lit(kind).alias("_frame"), "pid", "correlation", "start",
-                                             "name")
-            for kind, df in frames.items()
-        ])
-        nodes = rows.join(launches, on=["pid", "correlation"], how="semi")
+        frames = (kernels, memcpys, memsets)
+        nodes = _replayed_rows(frames, launches)
         if nodes.height == 0:
             return tuple(  # type: ignore[return-value]
                 df.with_columns(pl.lit(None, I64).alias("graph_id"), pl.lit(None, I64).alias("graph_node_id"))
-                for df in frames.values()
+                for df in frames
             )
-        nodes = nodes.sort("pid", "correlation", "start", "_frame", "_row").with_columns(
-            pl.int_range(pl.len()).over("pid", "correlation").cast(I64).alias("_position")
+        # one replay per (pid, correlation): after the sort each replay's rows are one run
+        nodes = nodes.sort("pid", "correlation", "start", "_frame", "_row")
+        first = ((pl.col("pid") != pl.col("pid").shift(1)) | (pl.col("correlation") != pl.col("correlation").shift(1))
+                 ).fill_null(True)
+        row = pl.int_range(pl.len(), dtype=I64)
+        nodes = nodes.with_columns(first.alias("_first_row")).with_columns(
+            (pl.col("_first_row").cum_sum() - 1).alias("_replay"),
+            (row - pl.when(pl.col("_first_row")).then(row).forward_fill()).alias("_position"),
         )
         # one graph per distinct node sequence: the same id for every replay of one graph
         # a 64-bit hash of the ordered name sequence: joining 2000 names per replay into one
         # string cost 2 s at 1M kernels
-        signatures = nodes.group_by("pid", "correlation", maintain_order=True).agg(
-            pl.col("name").fill_null("").hash().alias("_sequence"),
+        replays = nodes.group_by("_replay", maintain_order=True).agg(
+            pl.col("pid").first(),
+            pl.col("_name").alias("_sequence"),
             pl.col("start").min().alias("_first"),
         ).with_columns(pl.col("_sequence").hash())
         graphs = (
-            signatures.group_by("pid", "_sequence").agg(pl.col("_first").min())
+            replays.group_by("pid", "_sequence").agg(pl.col("_first").min())
             .sort("pid", "_first")
             .with_columns(pl.int_range(1, pl.len() + 1).over("pid").cast(I64).alias("graph_id"))
         )
-        signatures = signatures.join(graphs.select("pid", "_sequence", "graph_id"), on=["pid", "_sequence"])
-        nodes = nodes.join(signatures.select("pid", "correlation", "graph_id"), on=["pid", "correlation"]).with_columns(
+        graph_of_replay = replays.join(graphs.select("pid", "_sequence", "graph_id"), on=["pid", "_sequence"],
+                                       how="left", maintain_order="left")["graph_id"]
+        nodes = nodes.with_columns(pl.lit(graph_of_replay).gather(pl.col("_replay")).alias("graph_id")).with_columns(
             (pl.col("graph_id") * (1 << GRAPH_ID_SHIFT) + pl.col("_position")).alias("graph_node_id")
         )
         result = []
-        for kind, df in frames.items():
-            ids = nodes.filter(pl.col("_frame") == kind).select("_row", "graph_id", "graph_node_id")
-            result.append(
-                df.with_row_index("_row").join(ids, on="_row", how="left", maintain_order="left").drop("_row")
-            )
+        for index, df in enumerate(frames):
+            mine = nodes.filter(pl.col("_frame") == index)
+            result.append(df.with_columns(
+                _scattered("graph_id", df.height, mine["_row"], mine["graph_id"]),
+                _scattered("graph_node_id", df.height, mine["_row"], mine["graph_node_id"]),
+            ))
         return tuple(result)  # type: ignore[return-value]
 
     def kernels(self, df: pl.DataFrame) -> pl.DataFrame:
