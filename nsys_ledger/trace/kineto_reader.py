@@ -768,6 +768,11 @@ def _replayed_rows(frames: tuple[pl.DataFrame, ...], launches: pl.DataFrame) -> 
     return rows.join(launches, on=["pid", "correlation"], how="semi", maintain_order="left")
 
 
+def _repeated(name: str, value: Any, height: int, dtype: pl.DataType) -> pl.Series:
+    """`value` `height` times (no Python list of a million Nones to convert)."""
+    return pl.repeat(value, height, dtype=dtype, eager=True).alias(name)
+
+
 def _scattered(name: str, height: int, rows: pl.Series, values: pl.Series) -> pl.Series:
     """A column of `height` nulls with `values` at `rows`."""
     return pl.Series(name, [], dtype=I64).extend_constant(None, height).scatter(rows, values)
@@ -880,7 +885,8 @@ class _Builder:
             "start": start, "end": end, "pid": column("api", "pid"), "tid": column("api", "tid"),
             "correlation": column("api", "correlation"),
             "_raw": column("api", "name", STR, alias="_raw"),
-            "event_class": pl.Series([0] * runtime + [1] * driver, dtype=I64),
+            "event_class": pl.concat([_repeated("event_class", 0, runtime, I64),
+                                      _repeated("event_class", 1, driver, I64)]),
         })
         names = _classify_api(df["_raw"])
         df = df.join(names, on="_raw", how="left", maintain_order="left")
@@ -926,9 +932,9 @@ class _Builder:
             "start": start, "end": end, "device": device, "stream": stream,
             "correlation": column(frame, "correlation"),
             "name": column(frame, "name", STR),
-            "_kind": pl.Series("_kind", [None] * rows, dtype=STR),
-            "bytes": pl.Series("bytes", [None] * rows, dtype=I64),
-            "_sync": pl.Series("_sync", [None] * rows, dtype=STR),
+            "_kind": _repeated("_kind", None, rows, STR),
+            "bytes": _repeated("bytes", None, rows, I64),
+            "_sync": _repeated("_sync", None, rows, STR),
         }
         extra = _EXTRA_COLUMNS.get(frame, ())
         if "kind" in extra:
@@ -1070,13 +1076,13 @@ class _Builder:
         frames = []
         if self.events.count("cpu"):
             start, end = self._span("cpu")
-            domain = [pl.Series([cat] * self.events.rows[cat], dtype=STR) for cat in CPU_RANGE_CATS]
-            domain.append(pl.Series(["nn.Module"] * self.events.rows["python_function"], dtype=STR))
+            domain = [_repeated("domain", cat, self.events.rows[cat], STR) for cat in CPU_RANGE_CATS]
+            domain.append(_repeated("domain", "nn.Module", self.events.rows["python_function"], STR))
             frames.append(pl.DataFrame({
                 "start": start, "end": end,
                 "pid": column("cpu", "pid"),
                 "tid": column("cpu", "tid"),
-                "event_type": pl.Series([PUSH_POP] * start.len(), dtype=I64),
+                "event_type": _repeated("event_type", PUSH_POP, start.len(), I64),
                 "name": column("cpu", "name", STR),
                 "domain": pl.concat(domain),
             }))
