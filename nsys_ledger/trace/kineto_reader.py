@@ -142,7 +142,6 @@ class _Args(msgspec.Struct, gc=False):
     stream: _Number = None
     kind: _Number = None
     bytes: _Number = None
-    external_id: _Number = msgspec.field(name="External id", default=None)
     kernel: Any = None  # launches recorded during stream capture name their kernel
     cuda_sync_kind: Any = None
     name: Any = None  # process_name / thread_name metadata
@@ -365,7 +364,7 @@ def _event_from_dict(event: dict) -> _Event:
         parsed_args = _Args(
             correlation=_scalar(args.get("correlation")), device=_scalar(args.get("device")),
             stream=_scalar(args.get("stream")), kind=_scalar(args.get("kind")), bytes=_scalar(args.get("bytes")),
-            external_id=_scalar(args.get("External id")), kernel=_text(args.get("kernel")),
+            kernel=_text(args.get("kernel")),
             cuda_sync_kind=_text(args.get("cuda_sync_kind")), name=args.get("name"),
         )
     return _Event(
