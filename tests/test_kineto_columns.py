@@ -31,9 +31,10 @@ def _write(tmp_path: Path, events: list[dict]) -> Path:
     return path
 
 
-NAMES = ["gemm", 7, 7.0, True, None, "7", "gemm", "norm", 2**70, "gemm"]
-# a name that is not a string becomes its text; 7, 7.0 and True are one dict key, three texts
-TEXTS = ["gemm", "7", "7.0", "True", None, "7", "gemm", "norm", str(2**70), "gemm"]
+NAMES = ["gemm", 7, 7.0, True, None, "7", "gemm", ["x", 1], {"k": "v"}, "norm", 2**70, "gemm"]
+# a name that is not a string becomes its text; 7, 7.0 and True are one dict key, three texts;
+# a list or an object is no dict key at all
+TEXTS = ["gemm", "7", "7.0", "True", None, "7", "gemm", "['x', 1]", "{'k': 'v'}", "norm", str(2**70), "gemm"]
 
 
 @pytest.mark.parametrize("batch_bytes", [json_stream.BATCH_BYTES, 256])

@@ -644,7 +644,7 @@ class _EventColumns:
         string or the table of distinct names is full."""
         try:
             return pl.Series("name", list(map(self.names.__getitem__, names)), dtype=_CODE)
-        except _NotInterned:
+        except (_NotInterned, TypeError):  # TypeError: a list or object as a name is no dict key
             return _as_text(names, "name")
 
     def _times(self, frame: str, picked: list[_Event], rows: list[int] | None, raw) -> tuple[pl.Series, pl.Series]:
