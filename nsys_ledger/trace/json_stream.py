@@ -128,13 +128,13 @@ class EventStream(Generic[T]):
     def _value(self) -> Any:
         """The JSON value that starts at the position, decoded; the position moves past it."""
         while True:
-            # the views are released before the buffer grows (a bytearray with a view cannot)
             with memoryview(self._buf) as view, view[self._pos:] as rest:
                 value, ends = self._first_value(rest)
             if ends is not None:
                 self._pos += ends
                 return value
-            if not self._more():
+            # at least as much again as is buffered: a long value is copied O(1) times per byte
+            if not self._more(len(self._buf) - self._pos):
                 raise Unusual
 
     def _first_value(self, rest: memoryview) -> tuple[Any, int | None]:
