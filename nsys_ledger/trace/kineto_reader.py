@@ -752,9 +752,8 @@ class _NameTable(dict):
 def _replayed_rows(frames: tuple[pl.DataFrame, ...], launches: pl.DataFrame) -> pl.DataFrame:
     """`_row, _frame, pid, correlation, start, _name` (a hash of the name) of the GPU rows (of
     `frames`: their index as `_frame`, their row as `_row`) whose (pid, correlation) is a graph
-    launch's. The
-    correlation is matched first (a hash of one column); a two-column join is paid only
-    when launches come from several processes."""
+    launch's. The correlation is matched first (a hash of one column); a two-column join is
+    paid only when launches come from several processes."""
     rows = pl.concat([
         df.select(pl.int_range(pl.len(), dtype=pl.UInt32).alias("_row"), pl.lit(index, pl.UInt8).alias("_frame"),
                   "pid", "correlation", "start", pl.col("name").fill_null("").hash().alias("_name"))
