@@ -19,7 +19,10 @@ Then, each case in a fresh process (so its peak RSS is its own), it measures:
   (untyped) of the same file, with the cyclic GC paused: the floor any reader pays;
 * baseline: gunzip + a typed msgspec decode of every event's ph/cat/name/ts/dur (the issue's
   floor for the target: `check` + JSON within 2x of it);
-* read: `load_trace` (the Kineto reader: streamed, typed msgspec decoding, columns);
+* read: `load_trace` (the Kineto reader: streamed, typed msgspec decoding, columns), the
+  import of the package included;
+* import: only `from nsys_ledger.trace import load_trace` (the package's import: the share of
+  `read` that is not reading);
 * check: `nsys_ledger.check` without a ledger (steps from the annotations, ops, layers, gaps,
   H2D, graph replays);
 * check + JSON: `nsys-ledger check trace.json.gz --json out.json`, the whole CLI process;
@@ -245,6 +248,8 @@ def _case(name: str, path: str) -> dict:
         from nsys_ledger.trace import load_trace
 
         load_trace(path)
+    elif name == "import":
+        from nsys_ledger.trace import load_trace  # noqa: F401 - the import is what is measured
     elif name == "check_json":  # the whole CLI process: its own peak RSS is RUSAGE_CHILDREN's
         with tempfile.TemporaryDirectory() as tmp:
             proc = subprocess.run([sys.executable, "-m", "nsys_ledger.cli", "check", path, "--json",
@@ -334,6 +339,7 @@ CASES = {
     "msgspec": "bare parse: msgspec.json.decode",
     "baseline": "baseline: gunzip + typed ph/cat/name/ts/dur",
     "read": "read: load_trace (Kineto reader)",
+    "import": "import of the package (part of read)",
     "check": "check (no ledger)",
     "check_json": "check + JSON (CLI process)",
 }
@@ -419,6 +425,10 @@ def main() -> None:
                     print(f"  {case} / baseline: {measured[case]['seconds'] / base['seconds']:.2f}x wall, "
                           f"{measured[case]['cpu_seconds'] / base['cpu_seconds']:.2f}x cpu; peak "
                           f"{measured[case]['peak_mib'] / json_mib:.2f}x the JSON's {json_mib:.0f} MiB")
+            if "read" in measured and "import" in measured:
+                reading = measured["read"]["seconds"] - measured["import"]["seconds"]
+                print(f"  read less the import ({measured['import']['seconds']:.2f} s): {reading:.2f} s, "
+                      f"{reading / base['seconds']:.2f}x the baseline")
         if "check" in measured and "json" in measured and "msgspec" in measured:
             check_s = measured["check"]["seconds"]
             check_cpu = measured["check"]["cpu_seconds"]

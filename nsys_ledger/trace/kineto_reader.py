@@ -142,7 +142,6 @@ class _Args(msgspec.Struct, gc=False):
     stream: _Number = None
     kind: _Number = None
     bytes: _Number = None
-    external_id: _Number = msgspec.field(name="External id", default=None)
     kernel: Any = None  # launches recorded during stream capture name their kernel
     cuda_sync_kind: Any = None
     name: Any = None  # process_name / thread_name metadata
@@ -365,7 +364,7 @@ def _event_from_dict(event: dict) -> _Event:
         parsed_args = _Args(
             correlation=_scalar(args.get("correlation")), device=_scalar(args.get("device")),
             stream=_scalar(args.get("stream")), kind=_scalar(args.get("kind")), bytes=_scalar(args.get("bytes")),
-            external_id=_scalar(args.get("External id")), kernel=_text(args.get("kernel")),
+            kernel=_text(args.get("kernel")),
             cuda_sync_kind=_text(args.get("cuda_sync_kind")), name=args.get("name"),
         )
     return _Event(
@@ -561,6 +560,7 @@ class _EventColumns:
         self.dropped = 0
         self._float_times: set[str] = set()  # frames with a time decoded as a double
         self._large_times: set[str] = set()  # ... and with one at or above 2**43 µs
+        self.names = _NameTable()
         self.document = _Document()
 
     def add(self, batch: _Batch, shown: str) -> None:
@@ -614,7 +614,7 @@ class _EventColumns:
         if frame == "flow":
             parts["id"].append(_lazy_int(list(map(_ID, picked)), "_flow"))
             return
-        parts["name"].append(_as_text(list(map(_NAME, picked)), "name"))
+        parts["name"].append(self._name_codes(list(map(_NAME, picked))))
         if frame == "cpu":
             return
         args = list(map(_ARGS, picked))
@@ -638,6 +638,14 @@ class _EventColumns:
             parts["bytes"].append(_lazy_int(list(map(_BYTES, args)), "bytes"))
         if "cuda_sync_kind" in extra:
             parts["_sync"].append(_as_text(list(map(_SYNC_KIND, args)), "_sync"))
+
+    def _name_codes(self, names: list) -> pl.Series:
+        """The batch's names as codes into `self.names` (UInt32), or as text when one is not a
+        string or the table of distinct names is full."""
+        try:
+            return pl.Series("name", list(map(self.names.__getitem__, names)), dtype=_CODE)
+        except (_NotInterned, TypeError):  # TypeError: a list or object as a name is no dict key
+            return _as_text(names, "name")
 
     def _times(self, frame: str, picked: list[_Event], rows: list[int] | None, raw) -> tuple[pl.Series, pl.Series]:
         """Start and duration of one category's events of one batch as decoded (numbers or
@@ -675,7 +683,26 @@ class _EventColumns:
         alias = alias or name
         if not pieces:
             return pl.Series(alias, [], dtype=dtype)
+        if name == "name":
+            pieces = self._names_of(pieces)
         return pl.concat([piece.cast(dtype) for piece in pieces]).alias(alias)
+
+    def _names_of(self, pieces: list[pl.Series]) -> list[pl.Series]:
+        """Name pieces as text: each run of code pieces joined and looked up at once, so all
+        rows of a name share one copy of its text (1M kernels of ~40 names: 16 MB of string
+        views instead of ~190 MB of repeated text)."""
+        distinct = pl.Series("name", list(self.names), dtype=STR)
+        text, run = [], []
+        for piece in [*pieces, None]:
+            if piece is not None and piece.dtype == _CODE:
+                run.append(piece)
+                continue
+            if run:
+                text.append(distinct.gather(pl.concat(run)))
+                run = []
+            if piece is not None:
+                text.append(piece)
+        return text
 
     def times(self, frame: str, name: str) -> pl.Series:
         """Integer ns of the frame's `ts` or `dur`: each run of batch parts of one type joined
@@ -699,6 +726,54 @@ class _EventColumns:
 
     def has_any_trace_category(self) -> bool:
         return any(cat in self.seen_cats for cat in _TRACE_CATS)
+
+
+_CODE = pl.UInt32
+_MAX_NAMES = 1 << 16  # distinct names held as Python strings; past it, a batch's new names stay text
+
+
+class _NotInterned(Exception):
+    """A name that is not a string, or a new one past `_MAX_NAMES`."""
+
+
+class _NameTable(dict):
+    """Each distinct event name (a string, or None) -> its code, in first-seen order. Kineto
+    names repeat (a decode step launches the same ~2,000 kernels), so a batch's names become
+    small integers and the frame's text is built once per distinct name. Only strings and
+    None are codes: 1, 1.0 and True are one dict key but three different texts."""
+
+    def __missing__(self, name: Any) -> int:
+        if (name is not None and type(name) is not str) or len(self) >= _MAX_NAMES:
+            raise _NotInterned
+        code = self[name] = len(self)
+        return code
+
+
+def _replayed_rows(frames: tuple[pl.DataFrame, ...], launches: pl.DataFrame) -> pl.DataFrame:
+    """`_row, _frame, pid, correlation, start, _name` (a hash of the name) of the GPU rows (of
+    `frames`: their index as `_frame`, their row as `_row`) whose (pid, correlation) is a graph
+    launch's. The correlation is matched first (a hash of one column); a two-column join is
+    paid only when launches come from several processes."""
+    rows = pl.concat([
+        df.select(pl.int_range(pl.len(), dtype=pl.UInt32).alias("_row"), pl.lit(index, pl.UInt8).alias("_frame"),
+                  "pid", "correlation", "start", pl.col("name").fill_null("").hash().alias("_name"))
+        for index, df in enumerate(frames)
+    ])
+    rows = rows.filter(pl.col("correlation").is_in(launches["correlation"].implode()))
+    pids = launches["pid"].unique()
+    if pids.len() == 1:
+        return rows.filter(pl.col("pid") == pids[0])
+    return rows.join(launches, on=["pid", "correlation"], how="semi", maintain_order="left")
+
+
+def _repeated(name: str, value: Any, height: int, dtype: pl.DataType) -> pl.Series:
+    """`value` `height` times (no Python list of a million Nones to convert)."""
+    return pl.repeat(value, height, dtype=dtype, eager=True).alias(name)
+
+
+def _scattered(name: str, height: int, rows: pl.Series, values: pl.Series) -> pl.Series:
+    """A column of `height` nulls with `values` at `rows`."""
+    return pl.Series(name, [], dtype=I64).extend_constant(None, height).scatter(rows, values)
 
 
 def _is_module_range(name: Any) -> bool:
@@ -808,7 +883,8 @@ class _Builder:
             "start": start, "end": end, "pid": column("api", "pid"), "tid": column("api", "tid"),
             "correlation": column("api", "correlation"),
             "_raw": column("api", "name", STR, alias="_raw"),
-            "event_class": pl.Series([0] * runtime + [1] * driver, dtype=I64),
+            "event_class": pl.concat([_repeated("event_class", 0, runtime, I64),
+                                      _repeated("event_class", 1, driver, I64)]),
         })
         names = _classify_api(df["_raw"])
         df = df.join(names, on="_raw", how="left", maintain_order="left")
@@ -854,9 +930,9 @@ class _Builder:
             "start": start, "end": end, "device": device, "stream": stream,
             "correlation": column(frame, "correlation"),
             "name": column(frame, "name", STR),
-            "_kind": pl.Series("_kind", [None] * rows, dtype=STR),
-            "bytes": pl.Series("bytes", [None] * rows, dtype=I64),
-            "_sync": pl.Series("_sync", [None] * rows, dtype=STR),
+            "_kind": _repeated("_kind", None, rows, STR),
+            "bytes": _repeated("bytes", None, rows, I64),
+            "_sync": _repeated("_sync", None, rows, STR),
         }
         extra = _EXTRA_COLUMNS.get(frame, ())
         if "kind" in extra:
@@ -882,7 +958,8 @@ class _Builder:
 
     def _flow_ends(self) -> pl.DataFrame | None:
         """The GPU ends of `ac2g` flows (`ph: f`, drawn at the GPU row they bind to):
-        `_gpid, _gtid, start, _flow` (the correlation id), or None without any."""
+        `_gpid, _gtid, start, _flow` (the correlation id), or None without any. Several flows
+        may end at one place; `_correlation_from_flows` takes the first."""
         if not self.events.count("flow"):
             return None
         column = self.events.column
@@ -890,14 +967,20 @@ class _Builder:
         return pl.DataFrame({
             "_gpid": column("flow", "pid", alias="_gpid"), "_gtid": column("flow", "tid", alias="_gtid"),
             "start": start, "_flow": column("flow", "id", alias="_flow"),
-        }).drop_nulls().unique(subset=["_gpid", "_gtid", "start"], keep="first")
+        }).drop_nulls()
 
     def _correlation_from_flows(self, df: pl.DataFrame, frame: str) -> pl.DataFrame:
         """Fill a GPU row's missing `args.correlation` from the flow that ends on it: Kineto
-        draws the launch -> kernel arrow with the correlation id as the flow id."""
+        draws the launch -> kernel arrow with the correlation id as the flow id. Only the flows
+        ending where a row lacks one are made unique (a trace has about one flow per kernel,
+        and most rows carry their correlation)."""
+        keys = ["_gpid", "_gtid", "start"]
         keyed = df.with_columns(self.events.column(frame, "pid", alias="_gpid"),
                                 self.events.column(frame, "tid", alias="_gtid"))
-        linked = keyed.join(self.flow_ends, on=["_gpid", "_gtid", "start"], how="left", maintain_order="left")
+        wanted = keyed.filter(pl.col("correlation").is_null()).select(keys)
+        flows = (self.flow_ends.join(wanted, on=keys, how="semi", maintain_order="left")
+                 .unique(subset=keys, keep="first"))
+        linked = keyed.join(flows, on=keys, how="left", maintain_order="left")
         return linked.with_columns(pl.coalesce("correlation", "_flow").alias("correlation")).drop(
             "_gpid", "_gtid", "_flow")
 
@@ -906,43 +989,47 @@ class _Builder:
     ) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
         """`graph_id` and `graph_node_id` for the rows that share a graph launch's correlation."""
         launches = api_calls.filter(pl.col("kind") == "graph_launch").select("pid", "correlation").drop_nulls()
-        frames = {"kernel": kernels, "memcpy": memcpys, "memset": memsets}
-        rows = pl.concat([
-            df.with_row_index("_row").select("_row", pl.lit(kind).alias("_frame"), "pid", "correlation", "start",
-                                             "name")
-            for kind, df in frames.items()
-        ])
-        nodes = rows.join(launches, on=["pid", "correlation"], how="semi")
+        frames = (kernels, memcpys, memsets)
+        nodes = _replayed_rows(frames, launches)
         if nodes.height == 0:
             return tuple(  # type: ignore[return-value]
                 df.with_columns(pl.lit(None, I64).alias("graph_id"), pl.lit(None, I64).alias("graph_node_id"))
-                for df in frames.values()
+                for df in frames
             )
-        nodes = nodes.sort("pid", "correlation", "start", "_frame", "_row").with_columns(
-            pl.int_range(pl.len()).over("pid", "correlation").cast(I64).alias("_position")
+        # one replay per (pid, correlation): after the sort each replay's rows are one run
+        nodes = nodes.sort("pid", "correlation", "start", "_frame", "_row")
+        first = ((pl.col("pid") != pl.col("pid").shift(1)) | (pl.col("correlation") != pl.col("correlation").shift(1))
+                 ).fill_null(True)
+        row = pl.int_range(pl.len(), dtype=I64)
+        nodes = nodes.with_columns(first.alias("_first_row")).with_columns(
+            (pl.col("_first_row").cum_sum() - 1).alias("_replay"),
+            (row - pl.when(pl.col("_first_row")).then(row).forward_fill()).alias("_position"),
         )
         # one graph per distinct node sequence: the same id for every replay of one graph
         # a 64-bit hash of the ordered name sequence: joining 2000 names per replay into one
         # string cost 2 s at 1M kernels
-        signatures = nodes.group_by("pid", "correlation", maintain_order=True).agg(
-            pl.col("name").fill_null("").hash().alias("_sequence"),
+        replays = nodes.group_by("_replay", maintain_order=True).agg(
+            pl.col("pid").first(),
+            pl.col("_name").alias("_sequence"),
             pl.col("start").min().alias("_first"),
         ).with_columns(pl.col("_sequence").hash())
         graphs = (
-            signatures.group_by("pid", "_sequence").agg(pl.col("_first").min())
+            replays.group_by("pid", "_sequence").agg(pl.col("_first").min())
             .sort("pid", "_first")
             .with_columns(pl.int_range(1, pl.len() + 1).over("pid").cast(I64).alias("graph_id"))
         )
-        signatures = signatures.join(graphs.select("pid", "_sequence", "graph_id"), on=["pid", "_sequence"])
-        nodes = nodes.join(signatures.select("pid", "correlation", "graph_id"), on=["pid", "correlation"]).with_columns(
+        graph_of_replay = replays.join(graphs.select("pid", "_sequence", "graph_id"), on=["pid", "_sequence"],
+                                       how="left", maintain_order="left")["graph_id"]
+        nodes = nodes.with_columns(pl.lit(graph_of_replay).gather(pl.col("_replay")).alias("graph_id")).with_columns(
             (pl.col("graph_id") * (1 << GRAPH_ID_SHIFT) + pl.col("_position")).alias("graph_node_id")
         )
         result = []
-        for kind, df in frames.items():
-            ids = nodes.filter(pl.col("_frame") == kind).select("_row", "graph_id", "graph_node_id")
-            result.append(
-                df.with_row_index("_row").join(ids, on="_row", how="left", maintain_order="left").drop("_row")
-            )
+        for index, df in enumerate(frames):
+            mine = nodes.filter(pl.col("_frame") == index)
+            result.append(df.with_columns(
+                _scattered("graph_id", df.height, mine["_row"], mine["graph_id"]),
+                _scattered("graph_node_id", df.height, mine["_row"], mine["graph_node_id"]),
+            ))
         return tuple(result)  # type: ignore[return-value]
 
     def kernels(self, df: pl.DataFrame) -> pl.DataFrame:
@@ -987,13 +1074,13 @@ class _Builder:
         frames = []
         if self.events.count("cpu"):
             start, end = self._span("cpu")
-            domain = [pl.Series([cat] * self.events.rows[cat], dtype=STR) for cat in CPU_RANGE_CATS]
-            domain.append(pl.Series(["nn.Module"] * self.events.rows["python_function"], dtype=STR))
+            domain = [_repeated("domain", cat, self.events.rows[cat], STR) for cat in CPU_RANGE_CATS]
+            domain.append(_repeated("domain", "nn.Module", self.events.rows["python_function"], STR))
             frames.append(pl.DataFrame({
                 "start": start, "end": end,
                 "pid": column("cpu", "pid"),
                 "tid": column("cpu", "tid"),
-                "event_type": pl.Series([PUSH_POP] * start.len(), dtype=I64),
+                "event_type": _repeated("event_type", PUSH_POP, start.len(), I64),
                 "name": column("cpu", "name", STR),
                 "domain": pl.concat(domain),
             }))
