@@ -71,6 +71,7 @@ STORE_WINDOW_STEPS = 64
 # `_order`: the table's place in STACKING_ORDER above this bit, the row's place in its table below
 ORDER_SHIFT = 40
 NO_TIME_BEFORE = -(2**62)
+NO_TIME_AFTER = 2**62
 # Bucket files written at once (each an open file): under the usual limit of 1,024 descriptors
 OPEN_FILES = 256
 STORE_COLUMNS = ("part", "window_id", "_bucket")  # what a bucket holds besides the activities' columns
@@ -280,8 +281,8 @@ def window_inputs(store: ActivityStore, steps: Steps, plan: StorePlan) -> Iterat
     for part in range(plan.count):
         own, halo = own_and_halo(plan.windows, part)
         own_span = plan.part_spans.filter(pl.col("part") == part)
-        if own_span.height == 0:
-            first, last = time_reach(NO_TIME_BEFORE, NO_TIME_BEFORE, halo)
+        if own_span.height == 0:  # nothing of its own (no step window is empty): its halo's time only
+            first, last = time_reach(NO_TIME_AFTER, NO_TIME_BEFORE, halo)
         else:
             first, last = time_reach(int(own_span["first"][0]), int(own_span["last"][0]), halo)
         spans = store.bucket_spans
