@@ -358,3 +358,22 @@ def test_synth_command_writes_the_layer_attribution_cases(tmp_path, expectations
     result = nsys_ledger.check(graph, expectations)
     assert result.layers.kernels_by_how()["capture_nvtx"] == 2073
     assert result.trace.graph_nodes.filter(pl.col("original_graph_node_id").is_null()).height == 2 * 2076
+
+
+@pytest.mark.parametrize("name", ["glm5-graph-layer41.sqlite", "glm5-graph-broken-fusion.sqlite",
+                                  "dsv32-graph-layer41.sqlite", "glm5-graph-no-nvtx-layer41.sqlite"])
+def test_layer_findings_are_the_same_judged_one_step_at_a_time(name, monkeypatch):
+    """check_layers judges the steps in slices (the grid of steps by declared layers and groups
+    would otherwise grow with the trace): slices of one step give the findings of one slice."""
+    import nsys_ledger.checks.layers as layers
+    from test_windows import sample_ledger
+
+    def layer_outcomes():
+        result = nsys_ledger.check(SAMPLES / name, sample_ledger(name))
+        return [(o.name, o.observed, [f.message for f in o.findings]) for o in result.outcomes
+                if o.source.startswith(("layers.", "layer"))]
+
+    whole = layer_outcomes()
+    monkeypatch.setattr(layers, "STEPS_PER_JUDGEMENT", 1)
+    assert layer_outcomes() == whole
+    assert any(messages for _, _, messages in whole)  # the sample has per-layer findings to compare

@@ -232,52 +232,35 @@ def check_layers(expectations: Expectations, summary: LayerSummary, decode_steps
     if checked_steps.height == 0:
         return [_no_layers_outcome(decode_steps)]
     expected = _expected_counts(expectations)
-    grid = (
-        checked_steps.join(expected, how="cross")
-        .join(counts, on=[*STEP_KEY, "layer", "group"], how="left")
-        .with_columns(pl.col("count").fill_null(0))
-    )
     class_set_of = expected.select("layer", "class_set").unique()
-    undeclared = (
-        counts.join(expected.select("layer", "group"), on=["layer", "group"], how="anti")
-        .join(class_set_of, on="layer", how="left")
-        .with_columns(
-            pl.lit(0.0).alias("low"), pl.lit(0.0).alias("high"), pl.lit(UNDECLARED_SOURCE).alias("source"),
-            pl.lit(None, pl.Utf8).alias("class_name"), pl.col("class_set").fill_null("no class"),
-        )
-        .select(grid.columns)
-    )
-    table = pl.concat([grid, undeclared], how="vertical")
     sequences = _Sequences(summary.sequences, summary.sequence_texts, class_set_of)
     n_steps = checked_steps.height
-
-    outcomes: list[CheckOutcome] = []
     # a layer that differs from its class's sequence is reported once, by its edits; the
     # counts it shifts are not reported again per group
     edited = summary.edits.select(*STEP_KEY, "layer").unique()
-    table = table.join(edited, on=[*STEP_KEY, "layer"], how="anti")
+    judged = _judged_counts(checked_steps, expected, counts, edited, class_set_of, expectations.layer_rule.uniform)
+
+    outcomes: list[CheckOutcome] = []
     for layer_class in classes:
         if layer_class.sequence and layer_class.insert_before is None:
             outcomes.append(_sequence_outcome(layer_class, summary.edits, n_steps, set(expectations.ops)))
-    range_failing = table.filter(_outside_range())
+    range_failing = judged.range_failing
     for layer_class in classes:
         for group, expected_range in layer_class.groups.items():
             source = f"{layer_class.source}.groups.{group}"
-            rows = table.filter(pl.col("source") == source)
             failing = range_failing.filter(pl.col("source") == source)
             findings = _range_findings(failing, expected_range, sequences, n_steps)
             outcomes.append(
                 CheckOutcome(f"layers {layer_class.name}: {group} per layer", source, expected_range.describe(),
-                             _observed(rows["count"]), tuple(findings))
+                             judged.observed(source), tuple(findings))
             )
-    stray = table.filter(pl.col("source") == UNDECLARED_SOURCE)
     outcomes.append(
-        CheckOutcome("layer kernels in undeclared groups", UNDECLARED_SOURCE, "0", _observed(stray["count"], "0"),
+        CheckOutcome("layer kernels in undeclared groups", UNDECLARED_SOURCE, "0", judged.observed(UNDECLARED_SOURCE, "0"),
                      tuple(_range_findings(range_failing.filter(pl.col("source") == UNDECLARED_SOURCE),
                                            Range(0, 0), sequences, n_steps)))
     )
     if expectations.layer_rule.uniform:
-        deviating = _uniform_deviations(table, range_failing)
+        deviating = judged.deviating
         findings = _uniform_findings(deviating, sequences, n_steps)
         outcomes.append(
             CheckOutcome("layers launch like their peers", UNIFORM_SOURCE, "equal per group within a class",
@@ -329,6 +312,73 @@ def _sequence_outcome(layer_class: LayerClass, edits: pl.DataFrame, n_steps: int
 # ---- expectations -------------------------------------------------------------------------
 
 
+# Checked steps judged at once: every step is crossed with every declared (layer, group), ~1,500
+# rows a step for GLM-5.3, so 5,000 steps at once held ~400 MiB (docs/performance.md)
+STEPS_PER_JUDGEMENT = 256
+
+
+@dataclass(frozen=True)
+class _JudgedCounts:
+    """The per-layer counts of every checked step against the ledger, kept small: the rows
+    outside their range, the rows unlike their peers, and each source's lowest and highest count."""
+
+    range_failing: pl.DataFrame
+    deviating: pl.DataFrame
+    spread: pl.DataFrame  # source, low, high
+
+    def observed(self, source: str, empty: str = "-") -> str:
+        row = self.spread.filter(pl.col("source") == source)
+        if row.height == 0:
+            return empty
+        low, high = row["low"][0], row["high"][0]
+        return f"{low}" if low == high else f"{low}-{high}"
+
+
+def _judged_counts(checked_steps: pl.DataFrame, expected: pl.DataFrame, counts: pl.DataFrame, edited: pl.DataFrame,
+                   class_set_of: pl.DataFrame, uniform: bool) -> _JudgedCounts:
+    """Every checked step's count of every declared (layer, group) (0 where none ran) and of the
+    undeclared ones it ran, judged STEPS_PER_JUDGEMENT steps at a time (a layer's peers are in
+    its own step). The rows come out in the order one judgement of all steps gives: the
+    declared rows of every step, then the undeclared ones."""
+    failing: dict[bool, list[pl.DataFrame]] = {True: [], False: []}
+    deviating: dict[bool, list[pl.DataFrame]] = {True: [], False: []}
+    spreads = []
+    for first in range(0, checked_steps.height, STEPS_PER_JUDGEMENT):
+        steps = checked_steps.slice(first, STEPS_PER_JUDGEMENT)
+        step_counts = counts.join(steps, on=STEP_KEY, how="semi", maintain_order="left")
+        grid = (
+            steps.join(expected, how="cross")
+            .join(step_counts, on=[*STEP_KEY, "layer", "group"], how="left")
+            .with_columns(pl.col("count").fill_null(0))
+        )
+        undeclared = (
+            step_counts.join(expected.select("layer", "group"), on=["layer", "group"], how="anti")
+            .join(class_set_of, on="layer", how="left")
+            .with_columns(
+                pl.lit(0.0).alias("low"), pl.lit(0.0).alias("high"), pl.lit(UNDECLARED_SOURCE).alias("source"),
+                pl.lit(None, pl.Utf8).alias("class_name"), pl.col("class_set").fill_null("no class"),
+            )
+            .select(grid.columns)
+        )
+        table = pl.concat([grid, undeclared], how="vertical").join(edited, on=[*STEP_KEY, "layer"], how="anti")
+        spreads.append(table.group_by("source").agg(pl.col("count").min().alias("low"),
+                                                    pl.col("count").max().alias("high")))
+        outside = table.filter(_outside_range())
+        declared = pl.col("source") != UNDECLARED_SOURCE
+        for is_declared in (True, False):
+            failing[is_declared].append(outside.filter(declared == is_declared))
+        if uniform:
+            odd = _uniform_deviations(table, outside)
+            for is_declared in (True, False):
+                deviating[is_declared].append(odd.filter(declared == is_declared))
+    spread = pl.concat(spreads).group_by("source").agg(pl.col("low").min(), pl.col("high").max())
+    return _JudgedCounts(
+        range_failing=pl.concat(failing[True] + failing[False], how="vertical"),
+        deviating=pl.concat(deviating[True] + deviating[False], how="vertical") if uniform else pl.DataFrame(),
+        spread=spread,
+    )
+
+
 def _expected_counts(expectations: Expectations) -> pl.DataFrame:
     """`layer, group, low, high, source, class_name, class_set` for every declared (layer, group)."""
     classes_of: dict[int, list[str]] = {}
@@ -352,13 +402,6 @@ def _outside_range() -> pl.Expr:
     return (pl.col("count") < pl.col("low").fill_null(float("-inf"))) | (
         pl.col("count") > pl.col("high").fill_null(float("inf"))
     )
-
-
-def _observed(values: pl.Series, empty: str = "-") -> str:
-    if len(values) == 0:
-        return empty
-    low, high = values.min(), values.max()
-    return f"{low}" if low == high else f"{low}-{high}"
 
 
 # ---- kernel sequences of each layer -------------------------------------------------------
