@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import shutil
 import sqlite3
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -91,11 +90,14 @@ def test_windows_from_the_store_in_two_processes_give_the_same_json():
     assert document(check(SAMPLES / name, ledger, window_steps=1, jobs=2, stream=True)) == whole
 
 
-def test_damaged_rows_are_refused_with_the_in_memory_message(tmp_path):
+def test_damaged_rows_are_refused_with_the_in_memory_message(tmp_path, monkeypatch):
     damaged = tmp_path / "damaged.sqlite"
     shutil.copyfile(SAMPLES / "glm5-graph-healthy.sqlite", damaged)
     with sqlite3.connect(damaged) as conn:  # a copy: inputs are never written
         conn.execute("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET end = start - 1 WHERE rowid % 997 = 0")
+    stores = []
+    create = stream.ActivityStore.create
+    monkeypatch.setattr(stream.ActivityStore, "create", staticmethod(lambda: stores.append(create()) or stores[-1]))
     messages = []
     for streamed in (False, True):
         with pytest.raises(TraceError) as caught:
@@ -103,7 +105,7 @@ def test_damaged_rows_are_refused_with_the_in_memory_message(tmp_path):
         messages.append(str(caught.value))
     assert messages[0] == messages[1]
     assert "12 of 12383 kernel rows have a NULL or inverted start/end timestamp" in messages[1]
-    assert not list(Path(tempfile.gettempdir()).glob("nsys-ledger-activities-*"))
+    assert len(stores) == 1 and not stores[0].root.exists()  # the store is removed on the error too
 
 
 def test_the_cli_streams_a_big_export_unless_a_report_needs_its_kernels(monkeypatch, tmp_path):
