@@ -41,7 +41,7 @@ from nsys_ledger.pipeline.stream import (
     read_into_store,
     run_stored_windows,
 )
-from nsys_ledger.pipeline.window import WindowSettings
+from nsys_ledger.pipeline.window import WindowResult, WindowSettings
 from nsys_ledger.progress import stage
 from nsys_ledger.trace import Trace, load_trace
 from nsys_ledger.trace.kineto_reader import KINETO_VERSION_SOURCE
@@ -200,9 +200,9 @@ def check(
     `per_stream_gaps` also finds the idle gaps of every stream on its own; `cache=False`
     exports an `.nsys-rep` afresh instead of reusing the export kept beside it.
     `window_steps`: decode steps per window of the per-step stages (pipeline.plan; 0: the whole
-    trace in one window; default DEFAULT_WINDOW_STEPS, or STORE_WINDOW_STEPS through a store); `jobs`: windows checked at once, in
-    that many local processes; `dask`: on the Dask cluster at this address ("local": a
-    LocalCluster of `jobs` workers). The result is the same whatever the window and the jobs.
+    trace in one window; default DEFAULT_WINDOW_STEPS, or STORE_WINDOW_STEPS through a store);
+    `jobs`: windows checked at once, in that many local processes; `dask`: on the Dask cluster
+    at this address ("local": a LocalCluster of `jobs` workers). The result is the same whatever the window and the jobs.
     `keep_events=False`: the caller needs no per-activity frames (Result.steps.activities,
     layers.assignments), so an SQLite export of more than STREAM_MIN_KERNELS kernels is checked
     through a store on disk (pipeline.stream), in memory that does not grow with the trace, and
@@ -247,7 +247,7 @@ def check(
 
 
 def _merged_result(trace: Trace, expectations: Expectations | None, settings: WindowSettings, steps: Steps,
-                   totals: Totals, windows: list, count: int, step_nvtx: str | None) -> Result:
+                   totals: Totals, windows: list[WindowResult], count: int, step_nvtx: str | None) -> Result:
     """merge: the windows' frames as one whole-trace window gives them; judge: the outcomes."""
     merged = merge_windows(windows, expectations, steps.decode)
     # Result.steps keeps every activity for the reports that draw or list kernels (HTML, the
